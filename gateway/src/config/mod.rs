@@ -1,0 +1,369 @@
+//! Configuration: one TOML file, parsed once, validated fully, then frozen.
+//!
+//! Stage one ([`raw`]) is serde with `deny_unknown_fields` and documented defaults. Stage two
+//! ([`Config::from_raw`]) checks every range and cross-reference and produces the runtime
+//! types below; every problem is reported with its field path (`routes[2].retry.max_retries
+//! = 7: allowed 0..=5`) and the binary refuses to start. Secrets (API keys, URL passwords,
+//! the admin token) never appear in `Debug` output or in `check-config`.
+
+mod backend;
+mod duration;
+mod error;
+pub mod raw;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
+pub use duration::HumanDuration;
+pub use error::{ConfigError, ConfigIssue};
+use raw::RawConfig;
+
+/// Environment variable holding the admin API bearer token.
+pub const ENV_ADMIN_TOKEN: &str = "PORTCULLIS_ADMIN_TOKEN";
+
+/// Reads environment variables; tests pass a map instead of mutating the process environment.
+pub trait Env {
+    /// The variable's value, if set.
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for std::collections::HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.get(name).cloned()
+    }
+}
+
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(value: &str) -> Self {
+        Self(Arc::from(value))
+    }
+
+    /// The secret itself; call only where it is compared or hashed.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listeners and request limits.
+    pub server: ServerSettings,
+    /// Storage backends.
+    pub storage: StorageSettings,
+    /// Non-tenant rate-limit policies.
+    pub rate_limit: RateLimitSettings,
+    /// Tenants from the file.
+    pub tenants: Vec<TenantSettings>,
+    /// Backends, by index.
+    pub upstreams: Vec<UpstreamSettings>,
+    /// Routes, in file order.
+    pub routes: Vec<RouteSettings>,
+    /// Demo upstream.
+    pub demo: DemoSettings,
+    /// Admin API token from the environment; `None` → admin API endpoints are disabled.
+    pub admin_token: Option<Secret>,
+}
+
+/// Validated `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Request body limit.
+    pub max_body_bytes: u64,
+    /// Request head limit.
+    pub max_header_bytes: usize,
+    /// Load-shedding cap.
+    pub max_in_flight: usize,
+    /// Peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Graceful shutdown bound.
+    pub shutdown_grace: Duration,
+    /// Request head read bound.
+    pub header_read_timeout: Duration,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Runtime worker threads (0 = per core).
+    pub worker_threads: usize,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Validated `[storage]`.
+#[derive(Debug, Clone)]
+pub struct StorageSettings {
+    /// Rate-limit state.
+    pub state: StateBackend,
+    /// Idempotency records.
+    pub idempotency: IdempotencyBackend,
+    /// Tenants database.
+    pub database: DatabaseBackend,
+    /// Memory idempotency store bound.
+    pub memory_max_bytes: u64,
+    /// State-store round-trip timeout.
+    pub state_timeout: Duration,
+}
+
+/// What the rate limiter does when the state store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorMode {
+    /// Fall back to a local limiter sized limit/replicas.
+    FailOpen,
+    /// Answer 503 + Retry-After.
+    FailClosed,
+}
+
+/// A validated token bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    /// Tokens per period.
+    pub rate: u64,
+    /// Period.
+    pub per: Duration,
+    /// Capacity.
+    pub burst: u64,
+    /// Never reject.
+    pub shadow: bool,
+}
+
+/// Validated `[rate_limit]`.
+#[derive(Debug, Clone)]
+pub struct RateLimitSettings {
+    /// Store failure behaviour.
+    pub on_store_error: StoreErrorMode,
+    /// Replicas sharing the store.
+    pub replicas: u32,
+    /// Per-IP bucket for anonymous clients.
+    pub anonymous: Option<Bucket>,
+    /// Global ceiling.
+    pub global: Option<Bucket>,
+}
+
+/// A tenant from the file.
+#[derive(Debug, Clone)]
+pub struct TenantSettings {
+    /// Tenant id.
+    pub id: String,
+    /// API keys (secret).
+    pub api_keys: Vec<Secret>,
+    /// The tenant's bucket.
+    pub bucket: Bucket,
+    /// Requests per UTC day.
+    pub daily_quota: Option<u64>,
+    /// Requests per UTC month.
+    pub monthly_quota: Option<u64>,
+}
+
+/// Validated retry parameters (seed 002 ranges).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySettings {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// Backoff base.
+    pub base: Duration,
+    /// Backoff cap.
+    pub cap: Duration,
+    /// Total time for all attempts.
+    pub total: Duration,
+    /// `full` or `decorrelated`.
+    pub decorrelated_jitter: bool,
+    /// Retry budget percentage.
+    pub budget_percent: u32,
+    /// Budget window.
+    pub budget_window: Duration,
+    /// Budget floor.
+    pub budget_min_per_second: u32,
+    /// Replay buffer limit.
+    pub body_replay_limit: usize,
+}
+
+/// Validated circuit breaker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerSettings {
+    /// Opening failure ratio.
+    pub failure_rate: f64,
+    /// Minimum requests.
+    pub min_requests: u32,
+    /// Window.
+    pub window: Duration,
+    /// Open period.
+    pub open_for: Duration,
+    /// Half-open probes.
+    pub half_open_probes: u32,
+}
+
+/// A validated upstream.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    /// Name.
+    pub name: String,
+    /// Endpoint base URIs (`http://host:port`).
+    pub endpoints: Vec<http::Uri>,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Per-attempt timeout.
+    pub attempt_timeout: Duration,
+    /// Backend dedupes on the forwarded key.
+    pub dedupes_idempotency_keys: bool,
+    /// Retry policy.
+    pub retry: RetrySettings,
+    /// Breaker.
+    pub circuit_breaker: BreakerSettings,
+    /// Idle pooled connections per endpoint.
+    pub pool_max_idle: usize,
+}
+
+/// What a duplicate in flight gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightMode {
+    /// 409 + Retry-After.
+    Reject,
+    /// Wait up to the bound for the first to finish, then replay.
+    Wait(Duration),
+}
+
+/// Validated idempotency settings of a route.
+#[derive(Debug, Clone)]
+pub struct IdempotencySettings {
+    /// Methods the key applies to.
+    pub methods: Vec<http::Method>,
+    /// Key required.
+    pub require_key: bool,
+    /// Retention.
+    pub ttl: Duration,
+    /// Duplicate-in-flight behaviour.
+    pub on_in_flight: InFlightMode,
+    /// In-flight lease.
+    pub lease: Duration,
+    /// Longest key.
+    pub max_key_length: usize,
+    /// Largest stored response.
+    pub max_response_bytes: usize,
+}
+
+/// A validated route.
+#[derive(Debug, Clone)]
+pub struct RouteSettings {
+    /// Path prefix.
+    pub prefix: String,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    /// Token cost.
+    pub cost: u32,
+    /// Own limit.
+    pub limit: Option<Bucket>,
+    /// All methods idempotent.
+    pub idempotent: bool,
+    /// Strip the prefix when forwarding.
+    pub strip_prefix: bool,
+    /// Effective retry policy (route override or the upstream's).
+    pub retry: RetrySettings,
+    /// Idempotency, when enabled.
+    pub idempotency: Option<IdempotencySettings>,
+}
+
+/// Validated `[demo]`.
+#[derive(Debug, Clone)]
+pub struct DemoSettings {
+    /// Start the demo upstream.
+    pub enabled: bool,
+    /// Its address.
+    pub listen: SocketAddr,
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path, env: &dyn Env) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, env)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str, env: &dyn Env) -> Result<Self, ConfigError> {
+        Self::from_raw(parse_raw(text)?, env)
+    }
+
+    /// Validates stage-one values into runtime types.
+    pub fn from_raw(raw: RawConfig, env: &dyn Env) -> Result<Self, ConfigError> {
+        validate::validate(raw, env)
+    }
+}
+
+/// Parses TOML into the stage-one structs; errors carry the field path.
+pub fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
+    let deserializer = toml::Deserializer::new(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let path = if path == "." || path.is_empty() { "<root>".to_owned() } else { path };
+        let message = err.inner().message().to_owned();
+        let location = err
+            .inner()
+            .span()
+            .map(|span| format!(" (at byte {})", span.start))
+            .unwrap_or_default();
+        ConfigError::Parse {
+            path,
+            message: format!("{message}{location}"),
+        }
+    })
+}
+
+/// The effective configuration as TOML, defaults filled in and secrets redacted.
+pub fn effective_toml(text: &str) -> Result<String, ConfigError> {
+    let mut raw = parse_raw(text)?;
+    for tenant in &mut raw.tenants {
+        for key in &mut tenant.api_keys {
+            *key = "<redacted>".into();
+        }
+    }
+    raw.storage.state = redact_url(&raw.storage.state);
+    raw.storage.database = redact_url(&raw.storage.database);
+    raw.storage.idempotency = raw.storage.idempotency.as_deref().map(redact_url);
+    toml::to_string_pretty(&raw).map_err(|e| ConfigError::Parse {
+        path: "<root>".into(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,376 @@
+//! Stage one: the TOML file as serde structs, with documented defaults and unknown fields
+//! refused. Nothing here is trusted yet; `validate` turns it into [`super::Config`].
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::HumanDuration;
+
+/// Default proxy listener.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin/operations listener.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+/// Default request body limit (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// Default limit on the total size of request headers (16 KiB, nginx's large buffer size × 2).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Default global in-flight cap before load shedding.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default time in-flight requests get to finish after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: HumanDuration = HumanDuration::secs(30);
+/// Default time a client has to send its request head (slowloris defence).
+pub const DEFAULT_HEADER_READ_TIMEOUT: HumanDuration = HumanDuration::secs(10);
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Listeners and request limits.
+    #[serde(default)]
+    pub server: RawServer,
+    /// Where state and configuration data live.
+    #[serde(default)]
+    pub storage: RawStorage,
+    /// Rate-limit policies that are not per tenant.
+    #[serde(default)]
+    pub rate_limit: RawRateLimit,
+    /// Tenants upserted into the database at start-up.
+    #[serde(default)]
+    pub tenants: Vec<RawTenant>,
+    /// Backends.
+    #[serde(default)]
+    pub upstreams: Vec<RawUpstream>,
+    /// Path prefixes mapped to upstreams.
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    /// The built-in demo upstream.
+    #[serde(default)]
+    pub demo: RawDemo,
+}
+
+/// `[server]`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServer {
+    /// Proxy listener address.
+    pub listen: String,
+    /// Admin/operations listener address (`/metrics`, `/healthz`, `/readyz`, admin API).
+    pub admin_listen: String,
+    /// Largest accepted request body; larger → 413.
+    pub max_body_bytes: u64,
+    /// Largest accepted request head (request line + headers); larger → 431.
+    pub max_header_bytes: usize,
+    /// Global concurrent-request cap; above it → 503 + Retry-After at once.
+    pub max_in_flight: usize,
+    /// CIDRs whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<String>,
+    /// Bound on graceful shutdown.
+    pub shutdown_grace: HumanDuration,
+    /// Bound on receiving a request head.
+    pub header_read_timeout: HumanDuration,
+    /// `"human"` or `"json"` logs.
+    pub log_format: String,
+    /// Tokio worker threads (0 = one per core).
+    pub worker_threads: usize,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.into(),
+            admin_listen: DEFAULT_ADMIN_LISTEN.into(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            trusted_proxies: Vec::new(),
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            log_format: "human".into(),
+            worker_threads: 0,
+        }
+    }
+}
+
+/// `[storage]`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStorage {
+    /// Rate-limit and idempotency state: `"memory"` or `"redis://host:port"`.
+    pub state: String,
+    /// Idempotency records only, overriding `state`: `"memory"`, `"redis://…"`, `"postgres://…"`.
+    pub idempotency: Option<String>,
+    /// Tenants, keys, quotas, audit: `"sqlite://path"` or `"postgres://…"`.
+    pub database: String,
+    /// Bound on the memory idempotency store, in bytes.
+    pub memory_max_bytes: u64,
+    /// Timeout of one state-store round trip (Redis).
+    pub state_timeout: HumanDuration,
+}
+
+impl Default for RawStorage {
+    fn default() -> Self {
+        Self {
+            state: "memory".into(),
+            idempotency: None,
+            database: "sqlite://portcullis.db".into(),
+            memory_max_bytes: 256 * 1024 * 1024,
+            state_timeout: HumanDuration::millis(50),
+        }
+    }
+}
+
+/// `[rate_limit]`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRateLimit {
+    /// `"fail_open"` or `"fail_closed"` when the state store fails.
+    pub on_store_error: String,
+    /// Gateway replicas sharing the state store; the fail-open local share is limit / replicas.
+    pub replicas: u32,
+    /// Per client IP, for requests without an API key.
+    pub anonymous: Option<RawBucket>,
+    /// Ceiling over all traffic.
+    pub global: Option<RawBucket>,
+}
+
+impl Default for RawRateLimit {
+    fn default() -> Self {
+        Self {
+            on_store_error: "fail_open".into(),
+            replicas: 1,
+            anonymous: None,
+            global: None,
+        }
+    }
+}
+
+/// A token bucket: `rate` tokens every `per`, holding at most `burst`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBucket {
+    /// Tokens added per period.
+    pub rate: u64,
+    /// The period.
+    pub per: HumanDuration,
+    /// Bucket capacity.
+    pub burst: u64,
+    /// Evaluate and emit headers but never reject.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+/// `[[tenants]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    /// Stable tenant id.
+    pub id: String,
+    /// API keys (plaintext here; stored hashed).
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// Tokens per period.
+    pub rate: u64,
+    /// The period.
+    pub per: HumanDuration,
+    /// Bucket capacity.
+    pub burst: u64,
+    /// Requests allowed per UTC day.
+    #[serde(default)]
+    pub daily_quota: Option<u64>,
+    /// Requests allowed per UTC calendar month.
+    #[serde(default)]
+    pub monthly_quota: Option<u64>,
+}
+
+/// `[[upstreams]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Name routes refer to; also the `dependency` label in metrics.
+    pub name: String,
+    /// `http://host:port` base URLs, used round robin.
+    pub endpoints: Vec<String>,
+    /// TCP connect timeout.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    /// Time one attempt may wait for response headers.
+    #[serde(default = "default_attempt_timeout")]
+    pub attempt_timeout: HumanDuration,
+    /// The backend deduplicates on the forwarded `Idempotency-Key`.
+    #[serde(default)]
+    pub dedupes_idempotency_keys: bool,
+    /// Retry policy (seed 002 defaults).
+    #[serde(default)]
+    pub retry: RawRetry,
+    /// Circuit breaker.
+    #[serde(default)]
+    pub circuit_breaker: RawBreaker,
+    /// Idle keep-alive connections kept per endpoint.
+    #[serde(default = "default_pool_idle")]
+    pub pool_max_idle: usize,
+}
+
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration::secs(1)
+}
+fn default_attempt_timeout() -> HumanDuration {
+    HumanDuration::secs(5)
+}
+fn default_pool_idle() -> usize {
+    256
+}
+
+/// `retry = { … }` on an upstream or route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRetry {
+    /// Retries after the first attempt (0–5).
+    pub max_retries: u32,
+    /// Backoff base.
+    pub base: HumanDuration,
+    /// Backoff cap.
+    pub cap: HumanDuration,
+    /// Total time for all attempts (≤ 30 s).
+    pub total: HumanDuration,
+    /// `"full"` or `"decorrelated"`.
+    pub jitter: String,
+    /// Retries allowed as a percentage of requests (0–50).
+    pub budget_percent: u32,
+    /// Rolling window of the budget.
+    pub budget_window: HumanDuration,
+    /// Retries per second always allowed, so low traffic can retry.
+    pub budget_min_per_second: u32,
+    /// Largest request body kept for replay.
+    pub body_replay_limit: usize,
+}
+
+impl Default for RawRetry {
+    fn default() -> Self {
+        Self {
+            max_retries: 3,
+            base: HumanDuration::secs(1),
+            cap: HumanDuration::secs(30),
+            total: HumanDuration::secs(30),
+            jitter: "full".into(),
+            budget_percent: 20,
+            budget_window: HumanDuration::secs(30),
+            budget_min_per_second: 10,
+            body_replay_limit: 64 * 1024,
+        }
+    }
+}
+
+/// `circuit_breaker = { … }`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBreaker {
+    /// Failure ratio that opens the breaker (0 < r ≤ 1).
+    pub failure_rate: f64,
+    /// Requests in the window before the ratio counts.
+    pub min_requests: u32,
+    /// Observation window.
+    pub window: HumanDuration,
+    /// Time open before half-open probes.
+    pub open_for: HumanDuration,
+    /// Concurrent probes while half-open.
+    pub half_open_probes: u32,
+}
+
+impl Default for RawBreaker {
+    fn default() -> Self {
+        Self {
+            failure_rate: 0.5,
+            min_requests: 20,
+            window: HumanDuration::secs(30),
+            open_for: HumanDuration::secs(10),
+            half_open_probes: 3,
+        }
+    }
+}
+
+/// `[[routes]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Path prefix; the longest matching prefix wins.
+    pub prefix: String,
+    /// Upstream name.
+    pub upstream: String,
+    /// Tokens one request costs.
+    #[serde(default = "default_cost")]
+    pub cost: u32,
+    /// Own per-tenant limit on this route.
+    #[serde(default)]
+    pub limit: Option<RawBucket>,
+    /// Treat every method on this route as idempotent for retries.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// Remove the prefix before forwarding.
+    #[serde(default)]
+    pub strip_prefix: bool,
+    /// Retry policy override (replaces the upstream's).
+    #[serde(default)]
+    pub retry: Option<RawRetry>,
+    /// Idempotency-Key handling.
+    #[serde(default)]
+    pub idempotency: Option<RawIdempotency>,
+}
+
+fn default_cost() -> u32 {
+    1
+}
+
+/// `idempotency = { … }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawIdempotency {
+    /// Methods the key applies to.
+    pub methods: Vec<String>,
+    /// A request without a key → 400.
+    pub require_key: bool,
+    /// Retention of completed records (≥ 24 h).
+    pub ttl: HumanDuration,
+    /// `"reject"` (409) or `"wait"` for a duplicate in flight.
+    pub on_in_flight: String,
+    /// Longest wait in `"wait"` mode.
+    pub wait_timeout: HumanDuration,
+    /// In-flight lease; must exceed the route's total retry time.
+    pub lease: HumanDuration,
+    /// Longest accepted key (1–255).
+    pub max_key_length: usize,
+    /// Largest response stored for replay.
+    pub max_response_bytes: usize,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        Self {
+            methods: vec!["POST".into(), "PATCH".into()],
+            require_key: false,
+            ttl: HumanDuration::secs(24 * 3600),
+            on_in_flight: "reject".into(),
+            wait_timeout: HumanDuration::secs(10),
+            lease: HumanDuration::secs(60),
+            max_key_length: 64,
+            max_response_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// `[demo]`: the built-in demo upstream.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDemo {
+    /// Start the demo upstream.
+    pub enabled: bool,
+    /// Its listen address.
+    pub listen: String,
+}
+
+impl Default for RawDemo {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: "127.0.0.1:9000".into(),
+        }
+    }
+}

@@ -1,0 +1,137 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn env() -> HashMap<String, String> {
+    HashMap::new()
+}
+
+const MINIMAL: &str = r#"
+[[upstreams]]
+name = "orders"
+endpoints = ["http://127.0.0.1:9001"]
+
+[[routes]]
+prefix = "/orders"
+upstream = "orders"
+"#;
+
+fn invalid_paths(text: &str) -> Vec<String> {
+    match Config::parse(text, &env()) {
+        Ok(_) => panic!("accepted invalid config:\n{text}"),
+        Err(e) => {
+            let paths = e.paths();
+            assert!(!paths.is_empty(), "error names no field: {e}");
+            paths
+        }
+    }
+}
+
+#[test]
+fn example_config_is_valid() {
+    let text = include_str!("../../../config/portcullis.example.toml");
+    let config = Config::parse(text, &env()).expect("example config");
+    assert_eq!(config.routes[0].prefix, "/demo");
+    assert!(config.demo.enabled);
+    assert_eq!(config.upstreams[0].retry.max_retries, 3);
+}
+
+#[test]
+fn defaults_follow_seed_002() {
+    let config = Config::parse(MINIMAL, &env()).expect("minimal config");
+    let retry = &config.routes[0].retry;
+    assert_eq!(retry.base, Duration::from_secs(1));
+    assert_eq!(retry.cap, Duration::from_secs(30));
+    assert_eq!(retry.max_retries, 3);
+    assert_eq!(retry.total, Duration::from_secs(30));
+    assert_eq!(retry.budget_percent, 20);
+    assert!(!retry.decorrelated_jitter);
+    assert_eq!(config.storage.state, StateBackend::Memory);
+}
+
+#[test]
+fn unknown_field_is_refused_with_its_path() {
+    let paths = invalid_paths(&format!("{MINIMAL}\n[server]\nlisten_adress = \"x\"\n"));
+    assert_eq!(paths, vec!["server.listen_adress".to_owned()]);
+    let err = Config::parse("[server]\nlisten_adress = \"x\"\n", &env()).unwrap_err();
+    assert!(err.to_string().contains("listen_adress"), "{err}");
+}
+
+#[test]
+fn out_of_range_values_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("retry = { max_retries = 6 }", "upstreams[0].retry.max_retries"),
+        ("retry = { jitter = \"equal\" }", "upstreams[0].retry.jitter"),
+        ("retry = { total = \"45s\" }", "upstreams[0].retry.total"),
+        ("retry = { base = \"2s\", cap = \"1s\" }", "upstreams[0].retry.cap"),
+        ("retry = { budget_percent = 60 }", "upstreams[0].retry.budget_percent"),
+        ("connect_timeout = \"10s\"", "upstreams[0].connect_timeout"),
+        ("circuit_breaker = { failure_rate = 1.5 }", "upstreams[0].circuit_breaker.failure_rate"),
+    ];
+    for (line, path) in cases {
+        let text = format!(
+            "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n{line}\n"
+        );
+        let paths = invalid_paths(&text);
+        assert!(paths.iter().any(|p| p == path), "{line}: expected {path}, got {paths:?}");
+    }
+}
+
+#[test]
+fn cross_references_and_formats_are_checked() {
+    let cases: &[(&str, &str)] = &[
+        ("[server]\nlisten = \"localhost\"", "server.listen"),
+        ("[storage]\nstate = \"mongodb://x\"", "storage.state"),
+        ("[storage]\ndatabase = \"mysql://x\"", "storage.database"),
+        ("[rate_limit]\non_store_error = \"maybe\"", "rate_limit.on_store_error"),
+        ("[[routes]]\nprefix = \"/x\"\nupstream = \"nope\"", "routes[0].upstream"),
+        ("[[routes]]\nprefix = \"x\"\nupstream = \"orders\"", "routes[0].prefix"),
+        ("[[upstreams]]\nname = \"b\"\nendpoints = [\"ftp://h:1\"]", "upstreams[1].endpoints[0]"),
+        ("[[upstreams]]\nname = \"b\"\nendpoints = []", "upstreams[1].endpoints"),
+        ("[[tenants]]\nid = \"t\"\nrate = 0\nper = \"1s\"\nburst = 1", "tenants[0].rate"),
+        ("[[tenants]]\nid = \"t\"\nrate = 1\nper = \"soon\"\nburst = 1", "tenants[0].per"),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nidempotency = { ttl = \"1h\" }",
+            "routes[0].idempotency.ttl",
+        ),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nidempotency = { max_key_length = 300 }",
+            "routes[0].idempotency.max_key_length",
+        ),
+    ];
+    let base = "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n";
+    for (snippet, path) in cases {
+        let text = if snippet.starts_with("[[upstreams]]") || snippet.starts_with("[[routes]]") || snippet.starts_with("[[tenants]]") {
+            format!("{base}\n{snippet}\n")
+        } else {
+            format!("{snippet}\n\n{base}")
+        };
+        let paths = invalid_paths(&text);
+        assert!(paths.iter().any(|p| p == path), "{snippet}: expected {path}, got {paths:?}");
+    }
+}
+
+#[test]
+fn every_issue_is_reported_at_once() {
+    let text = "[[upstreams]]\nname = \"o\"\nendpoints = [\"http://127.0.0.1:1\"]\nretry = { max_retries = 9, jitter = \"fixed\" }\n";
+    let paths = invalid_paths(text);
+    assert!(paths.contains(&"upstreams[0].retry.max_retries".to_owned()));
+    assert!(paths.contains(&"upstreams[0].retry.jitter".to_owned()));
+}
+
+#[test]
+fn secrets_are_redacted() {
+    let text = format!(
+        "{MINIMAL}\n[storage]\ndatabase = \"postgres://u:hunter2@127.0.0.1/db\"\n\n[[tenants]]\nid = \"acme\"\napi_keys = [\"acme-secret-key\"]\nrate = 1\nper = \"1s\"\nburst = 1\n"
+    );
+    let mut env = env();
+    env.insert(ENV_ADMIN_TOKEN.into(), "an-admin-token-long-enough".into());
+    let config = Config::parse(&text, &env).expect("valid");
+    let shown = format!("{config:?}");
+    for secret in ["hunter2", "acme-secret-key", "an-admin-token-long-enough"] {
+        assert!(!shown.contains(secret), "{secret} leaked in Debug");
+    }
+    let effective = effective_toml(&text).expect("effective");
+    assert!(!effective.contains("hunter2") && !effective.contains("acme-secret-key"), "{effective}");
+    assert!(effective.contains("max_retries = 3"), "defaults are filled in: {effective}");
+}

@@ -1,0 +1,402 @@
+//! Stage two: range and cross-reference checks, producing the runtime types.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::error::Issues;
+use super::raw::{RawBreaker, RawBucket, RawConfig, RawIdempotency, RawRetry, RawUpstream};
+use super::*;
+
+/// Seed 002 R-3: synchronous calls never retry for longer than this.
+pub const MAX_TOTAL_RETRY_DURATION: Duration = Duration::from_secs(30);
+/// Seed 002 R-6: idempotency records are kept at least this long.
+pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigError> {
+    let mut issues = Issues::default();
+
+    let server = server(&raw.server, &mut issues);
+    let storage = storage(&raw.storage, &mut issues);
+    let rate_limit = rate_limit(&raw.rate_limit, &mut issues);
+    let tenants = tenants(&raw.tenants, &mut issues);
+    let upstreams: Vec<UpstreamSettings> = raw
+        .upstreams
+        .iter()
+        .enumerate()
+        .map(|(i, u)| upstream(&format!("upstreams[{i}]"), u, &mut issues))
+        .collect();
+    let mut names = HashSet::new();
+    for (i, u) in raw.upstreams.iter().enumerate() {
+        if !names.insert(u.name.as_str()) {
+            issues.push(format!("upstreams[{i}].name"), format!("= {:?}: duplicate upstream name", u.name));
+        }
+    }
+    let routes = routes(&raw, &upstreams, &mut issues);
+    let demo = DemoSettings {
+        enabled: raw.demo.enabled,
+        listen: socket_addr("demo.listen", &raw.demo.listen, &mut issues),
+    };
+    let admin_token = env.get(ENV_ADMIN_TOKEN).filter(|t| !t.is_empty()).map(|t| Secret::new(&t));
+    if let Some(token) = &admin_token {
+        if token.expose().len() < 16 {
+            issues.push(ENV_ADMIN_TOKEN, "is too short: use at least 16 characters");
+        }
+    }
+
+    issues.finish()?;
+    Ok(Config {
+        server,
+        storage,
+        rate_limit,
+        tenants,
+        upstreams,
+        routes,
+        demo,
+        admin_token,
+    })
+}
+
+fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
+    let log_format = match raw.log_format.as_str() {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => {
+            issues.push("server.log_format", format!("= {other:?}: allowed \"human\" or \"json\""));
+            LogFormat::Human
+        }
+    };
+    issues.range("server.max_body_bytes", raw.max_body_bytes, 1, 1 << 34);
+    issues.range("server.max_header_bytes", raw.max_header_bytes, 1024, 1 << 20);
+    issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
+    issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
+    duration_range(issues, "server.shutdown_grace", raw.shutdown_grace.get(), Duration::ZERO, Duration::from_secs(600));
+    duration_range(issues, "server.header_read_timeout", raw.header_read_timeout.get(), Duration::from_millis(100), Duration::from_secs(300));
+    let trusted_proxies = raw
+        .trusted_proxies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let parsed = text
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+            match parsed {
+                Ok(net) => Some(net),
+                Err(_) => {
+                    issues.push(format!("server.trusted_proxies[{i}]"), format!("= {text:?}: expected a CIDR such as \"10.0.0.0/8\" or an IP"));
+                    None
+                }
+            }
+        })
+        .collect();
+    ServerSettings {
+        listen: socket_addr("server.listen", &raw.listen, issues),
+        admin_listen: socket_addr("server.admin_listen", &raw.admin_listen, issues),
+        max_body_bytes: raw.max_body_bytes,
+        max_header_bytes: raw.max_header_bytes,
+        max_in_flight: raw.max_in_flight,
+        trusted_proxies,
+        shutdown_grace: raw.shutdown_grace.get(),
+        header_read_timeout: raw.header_read_timeout.get(),
+        log_format,
+        worker_threads: raw.worker_threads,
+    }
+}
+
+fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
+    let state = StateBackend::parse(&raw.state).unwrap_or_else(|reason| {
+        issues.push("storage.state", reason);
+        StateBackend::Memory
+    });
+    let idempotency = match &raw.idempotency {
+        Some(text) => IdempotencyBackend::parse(text).unwrap_or_else(|reason| {
+            issues.push("storage.idempotency", reason);
+            IdempotencyBackend::Memory
+        }),
+        None => IdempotencyBackend::from(&state),
+    };
+    let database = DatabaseBackend::parse(&raw.database).unwrap_or_else(|reason| {
+        issues.push("storage.database", reason);
+        DatabaseBackend::Sqlite("portcullis.db".into())
+    });
+    issues.range("storage.memory_max_bytes", raw.memory_max_bytes, 1 << 20, 1 << 40);
+    duration_range(issues, "storage.state_timeout", raw.state_timeout.get(), Duration::from_millis(1), Duration::from_secs(5));
+    StorageSettings {
+        state,
+        idempotency,
+        database,
+        memory_max_bytes: raw.memory_max_bytes,
+        state_timeout: raw.state_timeout.get(),
+    }
+}
+
+fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings {
+    let on_store_error = match raw.on_store_error.as_str() {
+        "fail_open" => StoreErrorMode::FailOpen,
+        "fail_closed" => StoreErrorMode::FailClosed,
+        other => {
+            issues.push("rate_limit.on_store_error", format!("= {other:?}: allowed \"fail_open\" or \"fail_closed\""));
+            StoreErrorMode::FailOpen
+        }
+    };
+    issues.range("rate_limit.replicas", raw.replicas, 1, 1000);
+    RateLimitSettings {
+        on_store_error,
+        replicas: raw.replicas,
+        anonymous: raw.anonymous.as_ref().map(|b| bucket("rate_limit.anonymous", b, issues)),
+        global: raw.global.as_ref().map(|b| bucket("rate_limit.global", b, issues)),
+    }
+}
+
+fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
+    issues.range(format!("{path}.rate"), raw.rate, 1, u32::MAX as u64);
+    issues.range(format!("{path}.burst"), raw.burst, 1, u32::MAX as u64);
+    duration_range(issues, &format!("{path}.per"), raw.per.get(), Duration::from_millis(1), Duration::from_secs(366 * 86_400));
+    Bucket {
+        rate: raw.rate,
+        per: raw.per.get(),
+        burst: raw.burst,
+        shadow: raw.shadow,
+    }
+}
+
+fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
+    let mut ids = HashSet::new();
+    let mut keys = HashSet::new();
+    raw.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let path = format!("tenants[{i}]");
+            if !valid_id(&t.id) {
+                issues.push(format!("{path}.id"), format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", t.id));
+            }
+            if !ids.insert(t.id.as_str()) {
+                issues.push(format!("{path}.id"), format!("= {:?}: duplicate tenant id", t.id));
+            }
+            for (k, key) in t.api_keys.iter().enumerate() {
+                let kpath = format!("{path}.api_keys[{k}]");
+                if key.len() < 8 || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                    issues.push(kpath.clone(), "must be 8–256 visible ASCII characters (value not shown)");
+                }
+                if !keys.insert(key.as_str()) {
+                    issues.push(kpath, "duplicate API key (value not shown)");
+                }
+            }
+            let bucket = bucket(&path, &RawBucket { rate: t.rate, per: t.per, burst: t.burst, shadow: false }, issues);
+            for (name, quota) in [("daily_quota", t.daily_quota), ("monthly_quota", t.monthly_quota)] {
+                if let Some(q) = quota {
+                    issues.range(format!("{path}.{name}"), q, 1, i64::MAX as u64);
+                }
+            }
+            TenantSettings {
+                id: t.id.clone(),
+                api_keys: t.api_keys.iter().map(|k| Secret::new(k)).collect(),
+                bucket,
+                daily_quota: t.daily_quota,
+                monthly_quota: t.monthly_quota,
+            }
+        })
+        .collect()
+}
+
+fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> UpstreamSettings {
+    if !valid_id(&raw.name) {
+        issues.push(format!("{path}.name"), format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", raw.name));
+    }
+    if raw.endpoints.is_empty() {
+        issues.push(format!("{path}.endpoints"), "is empty: at least one \"http://host:port\" is required");
+    }
+    let endpoints = raw
+        .endpoints
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| match endpoint(text) {
+            Ok(uri) => Some(uri),
+            Err(reason) => {
+                issues.push(format!("{path}.endpoints[{i}]"), reason);
+                None
+            }
+        })
+        .collect();
+    duration_range(issues, &format!("{path}.connect_timeout"), raw.connect_timeout.get(), Duration::from_millis(10), Duration::from_secs(3));
+    duration_range(issues, &format!("{path}.attempt_timeout"), raw.attempt_timeout.get(), Duration::from_millis(10), Duration::from_secs(300));
+    issues.range(format!("{path}.pool_max_idle"), raw.pool_max_idle, 0, 100_000);
+    UpstreamSettings {
+        name: raw.name.clone(),
+        endpoints,
+        connect_timeout: raw.connect_timeout.get(),
+        attempt_timeout: raw.attempt_timeout.get(),
+        dedupes_idempotency_keys: raw.dedupes_idempotency_keys,
+        retry: retry(&format!("{path}.retry"), &raw.retry, issues),
+        circuit_breaker: breaker(&format!("{path}.circuit_breaker"), &raw.circuit_breaker, issues),
+        pool_max_idle: raw.pool_max_idle,
+    }
+}
+
+fn endpoint(text: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("= {text:?}: not a URI ({e})"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!("= {text:?}: allowed scheme \"http\" (https upstreams arrive with edge TLS)"));
+    }
+    if uri.authority().is_none() {
+        return Err(format!("= {text:?}: host and port are required"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!("= {text:?}: an endpoint is scheme://host:port without a path"));
+    }
+    Ok(uri)
+}
+
+/// Seed 002 ranges. Equal jitter and fixed intervals are refused.
+pub(crate) fn retry(path: &str, raw: &RawRetry, issues: &mut Issues) -> RetrySettings {
+    issues.range(format!("{path}.max_retries"), raw.max_retries, 0, 5);
+    if raw.base.get().is_zero() {
+        issues.push(format!("{path}.base"), "= 0s: must be greater than 0");
+    }
+    if raw.cap < raw.base {
+        issues.push(format!("{path}.cap"), format!("= {}: must be ≥ base ({})", raw.cap, raw.base));
+    }
+    duration_range(issues, &format!("{path}.total"), raw.total.get(), Duration::from_millis(1), MAX_TOTAL_RETRY_DURATION);
+    let decorrelated_jitter = match raw.jitter.as_str() {
+        "full" => false,
+        "decorrelated" => true,
+        other => {
+            issues.push(format!("{path}.jitter"), format!("= {other:?}: allowed \"full\" or \"decorrelated\" (seed 002 R-1 forbids equal jitter and fixed intervals)"));
+            false
+        }
+    };
+    issues.range(format!("{path}.budget_percent"), raw.budget_percent, 0, 50);
+    duration_range(issues, &format!("{path}.budget_window"), raw.budget_window.get(), Duration::from_secs(1), Duration::from_secs(600));
+    issues.range(format!("{path}.budget_min_per_second"), raw.budget_min_per_second, 0, 1000);
+    issues.range(format!("{path}.body_replay_limit"), raw.body_replay_limit, 0, 16 << 20);
+    RetrySettings {
+        max_retries: raw.max_retries,
+        base: raw.base.get(),
+        cap: raw.cap.get(),
+        total: raw.total.get(),
+        decorrelated_jitter,
+        budget_percent: raw.budget_percent,
+        budget_window: raw.budget_window.get(),
+        budget_min_per_second: raw.budget_min_per_second,
+        body_replay_limit: raw.body_replay_limit,
+    }
+}
+
+fn breaker(path: &str, raw: &RawBreaker, issues: &mut Issues) -> BreakerSettings {
+    if !(raw.failure_rate > 0.0 && raw.failure_rate <= 1.0) {
+        issues.push(format!("{path}.failure_rate"), format!("= {}: allowed (0, 1]", raw.failure_rate));
+    }
+    issues.range(format!("{path}.min_requests"), raw.min_requests, 1, 1_000_000);
+    issues.range(format!("{path}.half_open_probes"), raw.half_open_probes, 1, 1000);
+    duration_range(issues, &format!("{path}.window"), raw.window.get(), Duration::from_secs(1), Duration::from_secs(3600));
+    duration_range(issues, &format!("{path}.open_for"), raw.open_for.get(), Duration::from_millis(100), Duration::from_secs(3600));
+    BreakerSettings {
+        failure_rate: raw.failure_rate,
+        min_requests: raw.min_requests,
+        window: raw.window.get(),
+        open_for: raw.open_for.get(),
+        half_open_probes: raw.half_open_probes,
+    }
+}
+
+fn routes(raw: &RawConfig, upstreams: &[UpstreamSettings], issues: &mut Issues) -> Vec<RouteSettings> {
+    let mut prefixes = HashSet::new();
+    raw.routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let path = format!("routes[{i}]");
+            if !r.prefix.starts_with('/') {
+                issues.push(format!("{path}.prefix"), format!("= {:?}: must start with '/'", r.prefix));
+            }
+            if !prefixes.insert(r.prefix.as_str()) {
+                issues.push(format!("{path}.prefix"), format!("= {:?}: duplicate route prefix", r.prefix));
+            }
+            let upstream = raw.upstreams.iter().position(|u| u.name == r.upstream).unwrap_or_else(|| {
+                issues.push(format!("{path}.upstream"), format!("= {:?}: no [[upstreams]] entry has this name", r.upstream));
+                0
+            });
+            issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
+            let retry = match &r.retry {
+                Some(own) => self::retry(&format!("{path}.retry"), own, issues),
+                None => upstreams.get(upstream).map(|u| u.retry.clone()).unwrap_or_else(|| self::retry("", &RawRetry::default(), &mut Issues::default())),
+            };
+            let idempotency = r.idempotency.as_ref().map(|idem| idempotency(&format!("{path}.idempotency"), idem, &retry, issues));
+            RouteSettings {
+                prefix: r.prefix.clone(),
+                upstream,
+                cost: r.cost,
+                limit: r.limit.as_ref().map(|b| bucket(&format!("{path}.limit"), b, issues)),
+                idempotent: r.idempotent,
+                strip_prefix: r.strip_prefix,
+                retry,
+                idempotency,
+            }
+        })
+        .collect()
+}
+
+fn idempotency(path: &str, raw: &RawIdempotency, retry: &RetrySettings, issues: &mut Issues) -> IdempotencySettings {
+    let methods = raw
+        .methods
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+            Ok(method) => Some(method),
+            Err(_) => {
+                issues.push(format!("{path}.methods[{i}]"), format!("= {m:?}: not an HTTP method"));
+                None
+            }
+        })
+        .collect();
+    if raw.ttl.get() < MIN_IDEMPOTENCY_TTL {
+        issues.push(format!("{path}.ttl"), format!("= {}: must be at least 24h (seed 002 R-6)", raw.ttl));
+    }
+    issues.range(format!("{path}.max_key_length"), raw.max_key_length, 1, 255);
+    issues.range(format!("{path}.max_response_bytes"), raw.max_response_bytes, 0, 64 << 20);
+    if raw.lease.get() < retry.total || raw.lease >= raw.ttl {
+        issues.push(format!("{path}.lease"), format!("= {}: must be ≥ the retry total ({}) and shorter than ttl ({})", raw.lease, HumanDuration(retry.total), raw.ttl));
+    }
+    let on_in_flight = match raw.on_in_flight.as_str() {
+        "reject" => InFlightMode::Reject,
+        "wait" => {
+            duration_range(issues, &format!("{path}.wait_timeout"), raw.wait_timeout.get(), Duration::from_millis(10), Duration::from_secs(60));
+            InFlightMode::Wait(raw.wait_timeout.get())
+        }
+        other => {
+            issues.push(format!("{path}.on_in_flight"), format!("= {other:?}: allowed \"reject\" or \"wait\""));
+            InFlightMode::Reject
+        }
+    };
+    IdempotencySettings {
+        methods,
+        require_key: raw.require_key,
+        ttl: raw.ttl.get(),
+        on_in_flight,
+        lease: raw.lease.get(),
+        max_key_length: raw.max_key_length,
+        max_response_bytes: raw.max_response_bytes,
+    }
+}
+
+fn socket_addr(path: &str, text: &str, issues: &mut Issues) -> SocketAddr {
+    text.parse().unwrap_or_else(|_| {
+        issues.push(path, format!("= {text:?}: expected host:port with an IP, e.g. \"127.0.0.1:8080\""));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+fn duration_range(issues: &mut Issues, path: &str, value: Duration, lo: Duration, hi: Duration) {
+    if value < lo || value > hi {
+        issues.push(
+            path,
+            format!("= {}: allowed {}..={}", HumanDuration(value), HumanDuration(lo), HumanDuration(hi)),
+        );
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}

@@ -1,0 +1,3 @@
+//! Portcullis gateway library.
+pub mod config;
+pub mod retry;

@@ -1,0 +1,1 @@
+//! The single retry layer toward backends (in progress).

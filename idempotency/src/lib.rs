@@ -1,0 +1,1 @@
+//! Idempotency-Key deduplication for Portcullis, as a tower `Layer` (in progress).

@@ -1,0 +1,286 @@
+//! A scripted upstream: a real HTTP/1.1 server on loopback that answers from a script and
+//! records every hit, so tests can count executions and read attempt timing.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// Upper bound on any stall, so a forgotten upstream never keeps a test alive.
+pub const MAX_STALL: Duration = Duration::from_secs(60);
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Answer with this status, headers and body.
+    Respond {
+        /// Status code.
+        status: u16,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+        /// Response body.
+        body: Bytes,
+    },
+    /// Wait this long (capped at [`MAX_STALL`]), then perform the inner step.
+    Stall(Duration, Box<Step>),
+    /// Close the connection without answering (the client sees a reset / empty reply).
+    Close,
+    /// Answer 200 with the request body echoed back.
+    Echo,
+    /// Answer 200 with a chunked body sent as these chunks, `interval` apart.
+    Chunked {
+        /// The chunks, in order.
+        chunks: Vec<Bytes>,
+        /// Pause between chunks.
+        interval: Duration,
+    },
+}
+
+// === impl Step ===
+
+impl Step {
+    /// A bare status with an empty body.
+    pub fn status(status: u16) -> Self {
+        Self::Respond {
+            status,
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// 200 with a text body.
+    pub fn ok(body: &str) -> Self {
+        Self::Respond {
+            status: 200,
+            headers: vec![("content-type".into(), "text/plain".into())],
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }
+    }
+
+    /// A status with a body and extra headers.
+    pub fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> Self {
+        Self::Respond {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }
+    }
+
+    /// A status with `Retry-After: secs`.
+    pub fn with_retry_after(status: u16, secs: u64) -> Self {
+        Self::respond(status, &[("retry-after", &secs.to_string())], "")
+    }
+
+    /// Stall for `delay`, then answer `then`.
+    pub fn stall(delay: Duration, then: Step) -> Self {
+        Self::Stall(delay, Box::new(then))
+    }
+}
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// When the request head arrived (real monotonic time: tests compare hits with each other).
+    pub at: std::time::Instant,
+    /// Request method.
+    pub method: Method,
+    /// Request URI (path and query).
+    pub uri: Uri,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// Full request body.
+    pub body: Bytes,
+}
+
+#[derive(Debug)]
+struct State {
+    script: Mutex<VecDeque<Step>>,
+    fallback: Mutex<Step>,
+    hits: Mutex<Vec<Hit>>,
+}
+
+/// A running scripted upstream; stops when dropped.
+#[derive(Debug)]
+pub struct ScriptedUpstream {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+// === impl ScriptedUpstream ===
+
+impl ScriptedUpstream {
+    /// Starts on a free loopback port; answers `script` in order, then `200 ok` forever.
+    pub async fn start(script: Vec<Step>) -> Self {
+        Self::start_with_fallback(script, Step::ok("ok")).await
+    }
+
+    /// Starts on a free loopback port; answers `script` in order, then `fallback` forever.
+    pub async fn start_with_fallback(script: Vec<Step>, fallback: Step) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind scripted upstream");
+        let addr = listener.local_addr().expect("local addr");
+        let state = Arc::new(State {
+            script: Mutex::new(script.into()),
+            fallback: Mutex::new(fallback),
+            hits: Mutex::new(Vec::new()),
+        });
+        let task = tokio::spawn(accept_loop(listener, state.clone()));
+        Self { addr, state, task }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every request seen so far, in arrival order.
+    pub fn hits(&self) -> Vec<Hit> {
+        self.state.hits.lock().expect("hits lock").clone()
+    }
+
+    /// Number of requests seen so far.
+    pub fn hit_count(&self) -> usize {
+        self.state.hits.lock().expect("hits lock").len()
+    }
+
+    /// Appends steps to the script.
+    pub fn push(&self, steps: impl IntoIterator<Item = Step>) {
+        self.state.script.lock().expect("script lock").extend(steps);
+    }
+
+    /// Replaces the answer used once the script is exhausted.
+    pub fn set_fallback(&self, step: Step) {
+        *self.state.fallback.lock().expect("fallback lock") = step;
+    }
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let state = state.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        // Reap finished connection tasks so the set stays small.
+        while connections.try_join_next().is_some() {}
+    }
+}
+
+#[derive(Debug)]
+struct CloseConnection;
+
+impl std::fmt::Display for CloseConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted close")
+    }
+}
+
+impl std::error::Error for CloseConnection {}
+
+type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+#[allow(clippy::disallowed_methods)] // the upstream's own clock, used only to compare hits
+fn now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: Arc<State>,
+) -> Result<Response<UpstreamBody>, CloseConnection> {
+    let at = now();
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    state.hits.lock().expect("hits lock").push(Hit {
+        at,
+        method: parts.method.clone(),
+        uri: parts.uri.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let step = {
+        let next = state.script.lock().expect("script lock").pop_front();
+        next.unwrap_or_else(|| state.fallback.lock().expect("fallback lock").clone())
+    };
+    perform(step, body).await
+}
+
+async fn perform(mut step: Step, request_body: Bytes) -> Result<Response<UpstreamBody>, CloseConnection> {
+    while let Step::Stall(delay, then) = step {
+        tokio::time::sleep(delay.min(MAX_STALL)).await;
+        step = *then;
+    }
+    let response = match step {
+        Step::Respond {
+            status,
+            headers,
+            body,
+        } => {
+            let mut builder = Response::builder()
+                .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR));
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            builder.body(Full::new(body).boxed())
+        }
+        Step::Echo => Response::builder().status(200).body(Full::new(request_body).boxed()),
+        Step::Chunked { chunks, interval } => {
+            let stream = futures_util::stream::unfold(
+                (chunks.into_iter(), interval, true),
+                |(mut it, interval, first)| async move {
+                    let chunk = it.next()?;
+                    if !first {
+                        tokio::time::sleep(interval).await;
+                    }
+                    Some((Ok::<_, Infallible>(Frame::data(chunk)), (it, interval, false)))
+                },
+            );
+            Response::builder()
+                .status(200)
+                .body(BodyExt::boxed(StreamBody::new(stream)))
+        }
+        Step::Close => return Err(CloseConnection),
+        Step::Stall(..) => unreachable_stall(),
+    };
+    response.map_err(|_| CloseConnection)
+}
+
+fn unreachable_stall() -> Result<Response<UpstreamBody>, http::Error> {
+    // The loop above unwraps every Stall; keep the match total without panicking.
+    Response::builder().status(500).body(Full::new(Bytes::new()).boxed())
+}
