@@ -1,3 +1,153 @@
-//! Portcullis gateway library.
+//! Portcullis: an edge API gateway that rate-limits per tenant, deduplicates keyed POST/PATCH
+//! requests, and owns the single retry layer toward backends.
+//!
+//! This crate assembles the concern crates (`portcullis-ratelimit`, `portcullis-idempotency`)
+//! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use portcullis_gateway::config::{Config, ProcessEnv};
+//! let config = Config::load("config/portcullis.example.toml".as_ref(), &ProcessEnv)?;
+//! portcullis_gateway::run(config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
 pub mod config;
-pub mod retry;
+pub mod db;
+pub mod demo_upstream;
+pub mod forwarded;
+pub mod limits;
+pub mod metrics;
+pub mod ops;
+pub mod problem;
+pub mod proxy;
+pub mod request_id;
+pub mod rescue;
+pub mod router;
+pub mod server;
+pub mod shed;
+pub mod stack;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::{Config, IdempotencyBackend, StateBackend};
+use crate::db::{Database, DbError};
+use crate::ops::Health;
+use crate::proxy::Upstream;
+use crate::server::ServeOptions;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration database failed.
+    #[error(transparent)]
+    Database(#[from] DbError),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A Redis URL could not be used.
+    #[error("storage: invalid Redis URL: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Starts everything the configuration asks for and serves until `shutdown` resolves; then
+/// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let metrics = metrics::install();
+    let db = Database::connect(&config.storage.database).await?;
+    db.upsert_tenants(&config.tenants).await?;
+
+    let mut redis_clients = Vec::new();
+    if let StateBackend::Redis(url) = &config.storage.state {
+        redis_clients.push(redis::Client::open(url.as_str())?);
+    }
+    if let IdempotencyBackend::Redis(url) = &config.storage.idempotency {
+        if !matches!(&config.storage.state, StateBackend::Redis(u) if u == url) {
+            redis_clients.push(redis::Client::open(url.as_str())?);
+        }
+    }
+    let health = Arc::new(Health::new(db.clone(), redis_clients));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if config.demo.enabled {
+        let mut rx = stop_rx.clone();
+        demo_upstream::serve(config.demo.listen, async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        })
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.demo.listen,
+            what: "demo.listen",
+            source,
+        })?;
+    }
+
+    let upstreams = config
+        .upstreams
+        .iter()
+        .map(|u| Arc::new(Upstream::new(u)))
+        .collect();
+    let service = stack::build(
+        &config,
+        stack::StackParts {
+            upstreams,
+            health: health.clone(),
+        },
+    );
+
+    let listener = bind(config.server.listen, "server.listen").await?;
+    let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+    tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
+
+    let admin_app = ops::router(health.clone(), metrics);
+    let mut admin_rx = stop_rx.clone();
+    let admin = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = admin_rx.wait_for(|stop| *stop).await;
+        };
+        if let Err(err) = axum::serve(admin_listener, admin_app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::warn!(%err, "admin listener stopped");
+        }
+    });
+
+    let drain_health = health.clone();
+    let options = ServeOptions {
+        header_read_timeout: config.server.header_read_timeout,
+        max_header_bytes: config.server.max_header_bytes,
+        shutdown_grace: config.server.shutdown_grace,
+    };
+    server::serve(listener, service, options, async move {
+        shutdown.await;
+        tracing::info!("shutdown requested");
+        drain_health.start_draining();
+    })
+    .await;
+
+    let _ = stop_tx.send(true);
+    let _ = admin.await;
+    db.close().await;
+    tracing::info!("portcullis stopped");
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, what, source })
+}

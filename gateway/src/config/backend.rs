@@ -106,7 +106,10 @@ impl DatabaseBackend {
     pub fn parse(text: &str) -> Result<Self, String> {
         if let Some(path) = text.strip_prefix("sqlite://") {
             if path.is_empty() {
-                return Err("= \"sqlite://\": a file path is required, e.g. \"sqlite://portcullis.db\"".into());
+                return Err(
+                    "= \"sqlite://\": a file path is required, e.g. \"sqlite://portcullis.db\""
+                        .into(),
+                );
             }
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
@@ -158,9 +161,15 @@ mod tests {
     #[test]
     fn parses_backends() {
         assert_eq!(StateBackend::parse("memory").unwrap(), StateBackend::Memory);
-        assert!(matches!(StateBackend::parse("redis://127.0.0.1:6379"), Ok(StateBackend::Redis(_))));
+        assert!(matches!(
+            StateBackend::parse("redis://127.0.0.1:6379"),
+            Ok(StateBackend::Redis(_))
+        ));
         assert!(StateBackend::parse("mongodb://x").is_err());
-        assert!(matches!(DatabaseBackend::parse("sqlite://a.db"), Ok(DatabaseBackend::Sqlite(_))));
+        assert!(matches!(
+            DatabaseBackend::parse("sqlite://a.db"),
+            Ok(DatabaseBackend::Sqlite(_))
+        ));
         assert!(DatabaseBackend::parse("sqlite://").is_err());
         assert!(matches!(
             IdempotencyBackend::parse("postgres://u@h/db"),
@@ -170,7 +179,10 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        let shown = format!("{:?}", DatabaseBackend::parse("postgres://u:hunter2@h/db").unwrap());
+        let shown = format!(
+            "{:?}",
+            DatabaseBackend::parse("postgres://u:hunter2@h/db").unwrap()
+        );
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("***"));
     }

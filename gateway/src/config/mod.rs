@@ -334,7 +334,11 @@ pub fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
     let deserializer = toml::Deserializer::new(text);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let path = err.path().to_string();
-        let path = if path == "." || path.is_empty() { "<root>".to_owned() } else { path };
+        let path = if path == "." || path.is_empty() {
+            "<root>".to_owned()
+        } else {
+            path
+        };
         let message = err.inner().message().to_owned();
         let location = err
             .inner()

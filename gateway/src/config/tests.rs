@@ -60,20 +60,38 @@ fn unknown_field_is_refused_with_its_path() {
 #[test]
 fn out_of_range_values_name_the_field() {
     let cases: &[(&str, &str)] = &[
-        ("retry = { max_retries = 6 }", "upstreams[0].retry.max_retries"),
-        ("retry = { jitter = \"equal\" }", "upstreams[0].retry.jitter"),
+        (
+            "retry = { max_retries = 6 }",
+            "upstreams[0].retry.max_retries",
+        ),
+        (
+            "retry = { jitter = \"equal\" }",
+            "upstreams[0].retry.jitter",
+        ),
         ("retry = { total = \"45s\" }", "upstreams[0].retry.total"),
-        ("retry = { base = \"2s\", cap = \"1s\" }", "upstreams[0].retry.cap"),
-        ("retry = { budget_percent = 60 }", "upstreams[0].retry.budget_percent"),
+        (
+            "retry = { base = \"2s\", cap = \"1s\" }",
+            "upstreams[0].retry.cap",
+        ),
+        (
+            "retry = { budget_percent = 60 }",
+            "upstreams[0].retry.budget_percent",
+        ),
         ("connect_timeout = \"10s\"", "upstreams[0].connect_timeout"),
-        ("circuit_breaker = { failure_rate = 1.5 }", "upstreams[0].circuit_breaker.failure_rate"),
+        (
+            "circuit_breaker = { failure_rate = 1.5 }",
+            "upstreams[0].circuit_breaker.failure_rate",
+        ),
     ];
     for (line, path) in cases {
         let text = format!(
             "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n{line}\n"
         );
         let paths = invalid_paths(&text);
-        assert!(paths.iter().any(|p| p == path), "{line}: expected {path}, got {paths:?}");
+        assert!(
+            paths.iter().any(|p| p == path),
+            "{line}: expected {path}, got {paths:?}"
+        );
     }
 }
 
@@ -101,13 +119,19 @@ fn cross_references_and_formats_are_checked() {
     ];
     let base = "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n";
     for (snippet, path) in cases {
-        let text = if snippet.starts_with("[[upstreams]]") || snippet.starts_with("[[routes]]") || snippet.starts_with("[[tenants]]") {
+        let text = if snippet.starts_with("[[upstreams]]")
+            || snippet.starts_with("[[routes]]")
+            || snippet.starts_with("[[tenants]]")
+        {
             format!("{base}\n{snippet}\n")
         } else {
             format!("{snippet}\n\n{base}")
         };
         let paths = invalid_paths(&text);
-        assert!(paths.iter().any(|p| p == path), "{snippet}: expected {path}, got {paths:?}");
+        assert!(
+            paths.iter().any(|p| p == path),
+            "{snippet}: expected {path}, got {paths:?}"
+        );
     }
 }
 
@@ -132,6 +156,12 @@ fn secrets_are_redacted() {
         assert!(!shown.contains(secret), "{secret} leaked in Debug");
     }
     let effective = effective_toml(&text).expect("effective");
-    assert!(!effective.contains("hunter2") && !effective.contains("acme-secret-key"), "{effective}");
-    assert!(effective.contains("max_retries = 3"), "defaults are filled in: {effective}");
+    assert!(
+        !effective.contains("hunter2") && !effective.contains("acme-secret-key"),
+        "{effective}"
+    );
+    assert!(
+        effective.contains("max_retries = 3"),
+        "defaults are filled in: {effective}"
+    );
 }

@@ -29,7 +29,10 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
     let mut names = HashSet::new();
     for (i, u) in raw.upstreams.iter().enumerate() {
         if !names.insert(u.name.as_str()) {
-            issues.push(format!("upstreams[{i}].name"), format!("= {:?}: duplicate upstream name", u.name));
+            issues.push(
+                format!("upstreams[{i}].name"),
+                format!("= {:?}: duplicate upstream name", u.name),
+            );
         }
     }
     let routes = routes(&raw, &upstreams, &mut issues);
@@ -37,7 +40,10 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         enabled: raw.demo.enabled,
         listen: socket_addr("demo.listen", &raw.demo.listen, &mut issues),
     };
-    let admin_token = env.get(ENV_ADMIN_TOKEN).filter(|t| !t.is_empty()).map(|t| Secret::new(&t));
+    let admin_token = env
+        .get(ENV_ADMIN_TOKEN)
+        .filter(|t| !t.is_empty())
+        .map(|t| Secret::new(&t));
     if let Some(token) = &admin_token {
         if token.expose().len() < 16 {
             issues.push(ENV_ADMIN_TOKEN, "is too short: use at least 16 characters");
@@ -62,16 +68,36 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         "human" => LogFormat::Human,
         "json" => LogFormat::Json,
         other => {
-            issues.push("server.log_format", format!("= {other:?}: allowed \"human\" or \"json\""));
+            issues.push(
+                "server.log_format",
+                format!("= {other:?}: allowed \"human\" or \"json\""),
+            );
             LogFormat::Human
         }
     };
     issues.range("server.max_body_bytes", raw.max_body_bytes, 1, 1 << 34);
-    issues.range("server.max_header_bytes", raw.max_header_bytes, 1024, 1 << 20);
+    issues.range(
+        "server.max_header_bytes",
+        raw.max_header_bytes,
+        1024,
+        1 << 20,
+    );
     issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
     issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
-    duration_range(issues, "server.shutdown_grace", raw.shutdown_grace.get(), Duration::ZERO, Duration::from_secs(600));
-    duration_range(issues, "server.header_read_timeout", raw.header_read_timeout.get(), Duration::from_millis(100), Duration::from_secs(300));
+    duration_range(
+        issues,
+        "server.shutdown_grace",
+        raw.shutdown_grace.get(),
+        Duration::ZERO,
+        Duration::from_secs(600),
+    );
+    duration_range(
+        issues,
+        "server.header_read_timeout",
+        raw.header_read_timeout.get(),
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    );
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -83,7 +109,10 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
             match parsed {
                 Ok(net) => Some(net),
                 Err(_) => {
-                    issues.push(format!("server.trusted_proxies[{i}]"), format!("= {text:?}: expected a CIDR such as \"10.0.0.0/8\" or an IP"));
+                    issues.push(
+                        format!("server.trusted_proxies[{i}]"),
+                        format!("= {text:?}: expected a CIDR such as \"10.0.0.0/8\" or an IP"),
+                    );
                     None
                 }
             }
@@ -119,8 +148,19 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         issues.push("storage.database", reason);
         DatabaseBackend::Sqlite("portcullis.db".into())
     });
-    issues.range("storage.memory_max_bytes", raw.memory_max_bytes, 1 << 20, 1 << 40);
-    duration_range(issues, "storage.state_timeout", raw.state_timeout.get(), Duration::from_millis(1), Duration::from_secs(5));
+    issues.range(
+        "storage.memory_max_bytes",
+        raw.memory_max_bytes,
+        1 << 20,
+        1 << 40,
+    );
+    duration_range(
+        issues,
+        "storage.state_timeout",
+        raw.state_timeout.get(),
+        Duration::from_millis(1),
+        Duration::from_secs(5),
+    );
     StorageSettings {
         state,
         idempotency,
@@ -135,7 +175,10 @@ fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings
         "fail_open" => StoreErrorMode::FailOpen,
         "fail_closed" => StoreErrorMode::FailClosed,
         other => {
-            issues.push("rate_limit.on_store_error", format!("= {other:?}: allowed \"fail_open\" or \"fail_closed\""));
+            issues.push(
+                "rate_limit.on_store_error",
+                format!("= {other:?}: allowed \"fail_open\" or \"fail_closed\""),
+            );
             StoreErrorMode::FailOpen
         }
     };
@@ -143,15 +186,27 @@ fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings
     RateLimitSettings {
         on_store_error,
         replicas: raw.replicas,
-        anonymous: raw.anonymous.as_ref().map(|b| bucket("rate_limit.anonymous", b, issues)),
-        global: raw.global.as_ref().map(|b| bucket("rate_limit.global", b, issues)),
+        anonymous: raw
+            .anonymous
+            .as_ref()
+            .map(|b| bucket("rate_limit.anonymous", b, issues)),
+        global: raw
+            .global
+            .as_ref()
+            .map(|b| bucket("rate_limit.global", b, issues)),
     }
 }
 
 fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
     issues.range(format!("{path}.rate"), raw.rate, 1, u32::MAX as u64);
     issues.range(format!("{path}.burst"), raw.burst, 1, u32::MAX as u64);
-    duration_range(issues, &format!("{path}.per"), raw.per.get(), Duration::from_millis(1), Duration::from_secs(366 * 86_400));
+    duration_range(
+        issues,
+        &format!("{path}.per"),
+        raw.per.get(),
+        Duration::from_millis(1),
+        Duration::from_secs(366 * 86_400),
+    );
     Bucket {
         rate: raw.rate,
         per: raw.per.get(),
@@ -168,22 +223,43 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
         .map(|(i, t)| {
             let path = format!("tenants[{i}]");
             if !valid_id(&t.id) {
-                issues.push(format!("{path}.id"), format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", t.id));
+                issues.push(
+                    format!("{path}.id"),
+                    format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", t.id),
+                );
             }
             if !ids.insert(t.id.as_str()) {
-                issues.push(format!("{path}.id"), format!("= {:?}: duplicate tenant id", t.id));
+                issues.push(
+                    format!("{path}.id"),
+                    format!("= {:?}: duplicate tenant id", t.id),
+                );
             }
             for (k, key) in t.api_keys.iter().enumerate() {
                 let kpath = format!("{path}.api_keys[{k}]");
                 if key.len() < 8 || key.len() > 256 || !key.bytes().all(|b| b.is_ascii_graphic()) {
-                    issues.push(kpath.clone(), "must be 8–256 visible ASCII characters (value not shown)");
+                    issues.push(
+                        kpath.clone(),
+                        "must be 8–256 visible ASCII characters (value not shown)",
+                    );
                 }
                 if !keys.insert(key.as_str()) {
                     issues.push(kpath, "duplicate API key (value not shown)");
                 }
             }
-            let bucket = bucket(&path, &RawBucket { rate: t.rate, per: t.per, burst: t.burst, shadow: false }, issues);
-            for (name, quota) in [("daily_quota", t.daily_quota), ("monthly_quota", t.monthly_quota)] {
+            let bucket = bucket(
+                &path,
+                &RawBucket {
+                    rate: t.rate,
+                    per: t.per,
+                    burst: t.burst,
+                    shadow: false,
+                },
+                issues,
+            );
+            for (name, quota) in [
+                ("daily_quota", t.daily_quota),
+                ("monthly_quota", t.monthly_quota),
+            ] {
                 if let Some(q) = quota {
                     issues.range(format!("{path}.{name}"), q, 1, i64::MAX as u64);
                 }
@@ -201,10 +277,16 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
 
 fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> UpstreamSettings {
     if !valid_id(&raw.name) {
-        issues.push(format!("{path}.name"), format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", raw.name));
+        issues.push(
+            format!("{path}.name"),
+            format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", raw.name),
+        );
     }
     if raw.endpoints.is_empty() {
-        issues.push(format!("{path}.endpoints"), "is empty: at least one \"http://host:port\" is required");
+        issues.push(
+            format!("{path}.endpoints"),
+            "is empty: at least one \"http://host:port\" is required",
+        );
     }
     let endpoints = raw
         .endpoints
@@ -218,9 +300,26 @@ fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> UpstreamSetti
             }
         })
         .collect();
-    duration_range(issues, &format!("{path}.connect_timeout"), raw.connect_timeout.get(), Duration::from_millis(10), Duration::from_secs(3));
-    duration_range(issues, &format!("{path}.attempt_timeout"), raw.attempt_timeout.get(), Duration::from_millis(10), Duration::from_secs(300));
-    issues.range(format!("{path}.pool_max_idle"), raw.pool_max_idle, 0, 100_000);
+    duration_range(
+        issues,
+        &format!("{path}.connect_timeout"),
+        raw.connect_timeout.get(),
+        Duration::from_millis(10),
+        Duration::from_secs(3),
+    );
+    duration_range(
+        issues,
+        &format!("{path}.attempt_timeout"),
+        raw.attempt_timeout.get(),
+        Duration::from_millis(10),
+        Duration::from_secs(300),
+    );
+    issues.range(
+        format!("{path}.pool_max_idle"),
+        raw.pool_max_idle,
+        0,
+        100_000,
+    );
     UpstreamSettings {
         name: raw.name.clone(),
         endpoints,
@@ -228,7 +327,11 @@ fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> UpstreamSetti
         attempt_timeout: raw.attempt_timeout.get(),
         dedupes_idempotency_keys: raw.dedupes_idempotency_keys,
         retry: retry(&format!("{path}.retry"), &raw.retry, issues),
-        circuit_breaker: breaker(&format!("{path}.circuit_breaker"), &raw.circuit_breaker, issues),
+        circuit_breaker: breaker(
+            &format!("{path}.circuit_breaker"),
+            &raw.circuit_breaker,
+            issues,
+        ),
         pool_max_idle: raw.pool_max_idle,
     }
 }
@@ -238,13 +341,17 @@ fn endpoint(text: &str) -> Result<http::Uri, String> {
         .parse()
         .map_err(|e| format!("= {text:?}: not a URI ({e})"))?;
     if uri.scheme_str() != Some("http") {
-        return Err(format!("= {text:?}: allowed scheme \"http\" (https upstreams arrive with edge TLS)"));
+        return Err(format!(
+            "= {text:?}: allowed scheme \"http\" (https upstreams arrive with edge TLS)"
+        ));
     }
     if uri.authority().is_none() {
         return Err(format!("= {text:?}: host and port are required"));
     }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!("= {text:?}: an endpoint is scheme://host:port without a path"));
+        return Err(format!(
+            "= {text:?}: an endpoint is scheme://host:port without a path"
+        ));
     }
     Ok(uri)
 }
@@ -256,9 +363,18 @@ pub(crate) fn retry(path: &str, raw: &RawRetry, issues: &mut Issues) -> RetrySet
         issues.push(format!("{path}.base"), "= 0s: must be greater than 0");
     }
     if raw.cap < raw.base {
-        issues.push(format!("{path}.cap"), format!("= {}: must be ≥ base ({})", raw.cap, raw.base));
+        issues.push(
+            format!("{path}.cap"),
+            format!("= {}: must be ≥ base ({})", raw.cap, raw.base),
+        );
     }
-    duration_range(issues, &format!("{path}.total"), raw.total.get(), Duration::from_millis(1), MAX_TOTAL_RETRY_DURATION);
+    duration_range(
+        issues,
+        &format!("{path}.total"),
+        raw.total.get(),
+        Duration::from_millis(1),
+        MAX_TOTAL_RETRY_DURATION,
+    );
     let decorrelated_jitter = match raw.jitter.as_str() {
         "full" => false,
         "decorrelated" => true,
@@ -268,9 +384,25 @@ pub(crate) fn retry(path: &str, raw: &RawRetry, issues: &mut Issues) -> RetrySet
         }
     };
     issues.range(format!("{path}.budget_percent"), raw.budget_percent, 0, 50);
-    duration_range(issues, &format!("{path}.budget_window"), raw.budget_window.get(), Duration::from_secs(1), Duration::from_secs(600));
-    issues.range(format!("{path}.budget_min_per_second"), raw.budget_min_per_second, 0, 1000);
-    issues.range(format!("{path}.body_replay_limit"), raw.body_replay_limit, 0, 16 << 20);
+    duration_range(
+        issues,
+        &format!("{path}.budget_window"),
+        raw.budget_window.get(),
+        Duration::from_secs(1),
+        Duration::from_secs(600),
+    );
+    issues.range(
+        format!("{path}.budget_min_per_second"),
+        raw.budget_min_per_second,
+        0,
+        1000,
+    );
+    issues.range(
+        format!("{path}.body_replay_limit"),
+        raw.body_replay_limit,
+        0,
+        16 << 20,
+    );
     RetrySettings {
         max_retries: raw.max_retries,
         base: raw.base.get(),
@@ -286,12 +418,37 @@ pub(crate) fn retry(path: &str, raw: &RawRetry, issues: &mut Issues) -> RetrySet
 
 fn breaker(path: &str, raw: &RawBreaker, issues: &mut Issues) -> BreakerSettings {
     if !(raw.failure_rate > 0.0 && raw.failure_rate <= 1.0) {
-        issues.push(format!("{path}.failure_rate"), format!("= {}: allowed (0, 1]", raw.failure_rate));
+        issues.push(
+            format!("{path}.failure_rate"),
+            format!("= {}: allowed (0, 1]", raw.failure_rate),
+        );
     }
-    issues.range(format!("{path}.min_requests"), raw.min_requests, 1, 1_000_000);
-    issues.range(format!("{path}.half_open_probes"), raw.half_open_probes, 1, 1000);
-    duration_range(issues, &format!("{path}.window"), raw.window.get(), Duration::from_secs(1), Duration::from_secs(3600));
-    duration_range(issues, &format!("{path}.open_for"), raw.open_for.get(), Duration::from_millis(100), Duration::from_secs(3600));
+    issues.range(
+        format!("{path}.min_requests"),
+        raw.min_requests,
+        1,
+        1_000_000,
+    );
+    issues.range(
+        format!("{path}.half_open_probes"),
+        raw.half_open_probes,
+        1,
+        1000,
+    );
+    duration_range(
+        issues,
+        &format!("{path}.window"),
+        raw.window.get(),
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    );
+    duration_range(
+        issues,
+        &format!("{path}.open_for"),
+        raw.open_for.get(),
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    );
     BreakerSettings {
         failure_rate: raw.failure_rate,
         min_requests: raw.min_requests,
@@ -301,7 +458,11 @@ fn breaker(path: &str, raw: &RawBreaker, issues: &mut Issues) -> BreakerSettings
     }
 }
 
-fn routes(raw: &RawConfig, upstreams: &[UpstreamSettings], issues: &mut Issues) -> Vec<RouteSettings> {
+fn routes(
+    raw: &RawConfig,
+    upstreams: &[UpstreamSettings],
+    issues: &mut Issues,
+) -> Vec<RouteSettings> {
     let mut prefixes = HashSet::new();
     raw.routes
         .iter()
@@ -309,26 +470,50 @@ fn routes(raw: &RawConfig, upstreams: &[UpstreamSettings], issues: &mut Issues) 
         .map(|(i, r)| {
             let path = format!("routes[{i}]");
             if !r.prefix.starts_with('/') {
-                issues.push(format!("{path}.prefix"), format!("= {:?}: must start with '/'", r.prefix));
+                issues.push(
+                    format!("{path}.prefix"),
+                    format!("= {:?}: must start with '/'", r.prefix),
+                );
             }
             if !prefixes.insert(r.prefix.as_str()) {
-                issues.push(format!("{path}.prefix"), format!("= {:?}: duplicate route prefix", r.prefix));
+                issues.push(
+                    format!("{path}.prefix"),
+                    format!("= {:?}: duplicate route prefix", r.prefix),
+                );
             }
-            let upstream = raw.upstreams.iter().position(|u| u.name == r.upstream).unwrap_or_else(|| {
-                issues.push(format!("{path}.upstream"), format!("= {:?}: no [[upstreams]] entry has this name", r.upstream));
-                0
-            });
+            let upstream = raw
+                .upstreams
+                .iter()
+                .position(|u| u.name == r.upstream)
+                .unwrap_or_else(|| {
+                    issues.push(
+                        format!("{path}.upstream"),
+                        format!("= {:?}: no [[upstreams]] entry has this name", r.upstream),
+                    );
+                    0
+                });
             issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
             let retry = match &r.retry {
                 Some(own) => self::retry(&format!("{path}.retry"), own, issues),
-                None => upstreams.get(upstream).map(|u| u.retry.clone()).unwrap_or_else(|| self::retry("", &RawRetry::default(), &mut Issues::default())),
+                None => upstreams
+                    .get(upstream)
+                    .map(|u| u.retry.clone())
+                    .unwrap_or_else(|| {
+                        self::retry("", &RawRetry::default(), &mut Issues::default())
+                    }),
             };
-            let idempotency = r.idempotency.as_ref().map(|idem| idempotency(&format!("{path}.idempotency"), idem, &retry, issues));
+            let idempotency = r
+                .idempotency
+                .as_ref()
+                .map(|idem| idempotency(&format!("{path}.idempotency"), idem, &retry, issues));
             RouteSettings {
                 prefix: r.prefix.clone(),
                 upstream,
                 cost: r.cost,
-                limit: r.limit.as_ref().map(|b| bucket(&format!("{path}.limit"), b, issues)),
+                limit: r
+                    .limit
+                    .as_ref()
+                    .map(|b| bucket(&format!("{path}.limit"), b, issues)),
                 idempotent: r.idempotent,
                 strip_prefix: r.strip_prefix,
                 retry,
@@ -338,35 +523,70 @@ fn routes(raw: &RawConfig, upstreams: &[UpstreamSettings], issues: &mut Issues) 
         .collect()
 }
 
-fn idempotency(path: &str, raw: &RawIdempotency, retry: &RetrySettings, issues: &mut Issues) -> IdempotencySettings {
+fn idempotency(
+    path: &str,
+    raw: &RawIdempotency,
+    retry: &RetrySettings,
+    issues: &mut Issues,
+) -> IdempotencySettings {
     let methods = raw
         .methods
         .iter()
         .enumerate()
-        .filter_map(|(i, m)| match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-            Ok(method) => Some(method),
-            Err(_) => {
-                issues.push(format!("{path}.methods[{i}]"), format!("= {m:?}: not an HTTP method"));
-                None
-            }
-        })
+        .filter_map(
+            |(i, m)| match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(method) => Some(method),
+                Err(_) => {
+                    issues.push(
+                        format!("{path}.methods[{i}]"),
+                        format!("= {m:?}: not an HTTP method"),
+                    );
+                    None
+                }
+            },
+        )
         .collect();
     if raw.ttl.get() < MIN_IDEMPOTENCY_TTL {
-        issues.push(format!("{path}.ttl"), format!("= {}: must be at least 24h (seed 002 R-6)", raw.ttl));
+        issues.push(
+            format!("{path}.ttl"),
+            format!("= {}: must be at least 24h (seed 002 R-6)", raw.ttl),
+        );
     }
     issues.range(format!("{path}.max_key_length"), raw.max_key_length, 1, 255);
-    issues.range(format!("{path}.max_response_bytes"), raw.max_response_bytes, 0, 64 << 20);
+    issues.range(
+        format!("{path}.max_response_bytes"),
+        raw.max_response_bytes,
+        0,
+        64 << 20,
+    );
     if raw.lease.get() < retry.total || raw.lease >= raw.ttl {
-        issues.push(format!("{path}.lease"), format!("= {}: must be ≥ the retry total ({}) and shorter than ttl ({})", raw.lease, HumanDuration(retry.total), raw.ttl));
+        issues.push(
+            format!("{path}.lease"),
+            format!(
+                "= {}: must be ≥ the retry total ({}) and shorter than ttl ({})",
+                raw.lease,
+                HumanDuration(retry.total),
+                raw.ttl
+            ),
+        );
     }
     let on_in_flight = match raw.on_in_flight.as_str() {
         "reject" => InFlightMode::Reject,
         "wait" => {
-            duration_range(issues, &format!("{path}.wait_timeout"), raw.wait_timeout.get(), Duration::from_millis(10), Duration::from_secs(60));
+            duration_range(
+                issues,
+                &format!("{path}.wait_timeout"),
+                raw.wait_timeout.get(),
+                Duration::from_millis(10),
+                Duration::from_secs(60),
+            );
             InFlightMode::Wait(raw.wait_timeout.get())
         }
         other => {
-            issues.push(format!("{path}.on_in_flight"), format!("= {other:?}: allowed \"reject\" or \"wait\""));
+            issues.push(
+                format!("{path}.on_in_flight"),
+                format!("= {other:?}: allowed \"reject\" or \"wait\""),
+            );
             InFlightMode::Reject
         }
     };
@@ -383,7 +603,10 @@ fn idempotency(path: &str, raw: &RawIdempotency, retry: &RetrySettings, issues: 
 
 fn socket_addr(path: &str, text: &str, issues: &mut Issues) -> SocketAddr {
     text.parse().unwrap_or_else(|_| {
-        issues.push(path, format!("= {text:?}: expected host:port with an IP, e.g. \"127.0.0.1:8080\""));
+        issues.push(
+            path,
+            format!("= {text:?}: expected host:port with an IP, e.g. \"127.0.0.1:8080\""),
+        );
         SocketAddr::from(([127, 0, 0, 1], 0))
     })
 }
@@ -392,11 +615,19 @@ fn duration_range(issues: &mut Issues, path: &str, value: Duration, lo: Duration
     if value < lo || value > hi {
         issues.push(
             path,
-            format!("= {}: allowed {}..={}", HumanDuration(value), HumanDuration(lo), HumanDuration(hi)),
+            format!(
+                "= {}: allowed {}..={}",
+                HumanDuration(value),
+                HumanDuration(lo),
+                HumanDuration(hi)
+            ),
         );
     }
 }
 
 fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }

@@ -132,7 +132,10 @@ fn spawn(bin: &str, dir: &Path, config_path: &PathBuf, env: &[(String, String)])
     cmd.arg("--config")
         .arg(config_path)
         .current_dir(dir)
-        .env("RUST_LOG", std::env::var("PORTCULLIS_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("PORTCULLIS_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);

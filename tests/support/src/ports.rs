@@ -13,7 +13,9 @@ pub fn free_port() -> u16 {
 /// Returns a currently free `127.0.0.1:port` address (see [`free_port`] for the caveat).
 pub fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr of a bound listener")
+    listener
+        .local_addr()
+        .expect("local_addr of a bound listener")
 }
 
 /// An address on which nothing listens: bound once, then closed. Connecting to it is refused.

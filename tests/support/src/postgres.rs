@@ -146,7 +146,10 @@ impl PostgresServer {
             .expect("run pg_ctl start");
         assert!(status.success(), "pg_ctl start failed");
         let addr = ([127, 0, 0, 1], self.port).into();
-        assert!(wait_for_tcp(addr, READY_ATTEMPTS).await, "postgres did not start on {addr}");
+        assert!(
+            wait_for_tcp(addr, READY_ATTEMPTS).await,
+            "postgres did not start on {addr}"
+        );
     }
 
     /// Superuser URL of the `postgres` database.
@@ -194,10 +197,16 @@ fn is_root() -> bool {
 
 fn postgres_bin_dir() -> PathBuf {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .collect()
+        })
         .unwrap_or_default();
     dirs.sort();
-    dirs.pop().expect("PostgreSQL binaries under /usr/lib/postgresql/*/bin")
+    dirs.pop()
+        .expect("PostgreSQL binaries under /usr/lib/postgresql/*/bin")
 }
 
 #[cfg(test)]

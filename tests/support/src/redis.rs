@@ -47,10 +47,14 @@ impl RedisServer {
             .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let guard = ChildGuard::spawn("redis-server", cmd).expect("spawn redis-server (is it installed?)");
+        let guard =
+            ChildGuard::spawn("redis-server", cmd).expect("spawn redis-server (is it installed?)");
         self.guard = Some(guard);
         let addr = ([127, 0, 0, 1], self.port).into();
-        assert!(wait_for_tcp(addr, READY_ATTEMPTS).await, "redis-server did not start on {addr}");
+        assert!(
+            wait_for_tcp(addr, READY_ATTEMPTS).await,
+            "redis-server did not start on {addr}"
+        );
     }
 
     /// `redis://127.0.0.1:PORT`.

@@ -240,7 +240,10 @@ async fn handle(
     perform(step, body).await
 }
 
-async fn perform(mut step: Step, request_body: Bytes) -> Result<Response<UpstreamBody>, CloseConnection> {
+async fn perform(
+    mut step: Step,
+    request_body: Bytes,
+) -> Result<Response<UpstreamBody>, CloseConnection> {
     while let Step::Stall(delay, then) = step {
         tokio::time::sleep(delay.min(MAX_STALL)).await;
         step = *then;
@@ -258,7 +261,9 @@ async fn perform(mut step: Step, request_body: Bytes) -> Result<Response<Upstrea
             }
             builder.body(Full::new(body).boxed())
         }
-        Step::Echo => Response::builder().status(200).body(Full::new(request_body).boxed()),
+        Step::Echo => Response::builder()
+            .status(200)
+            .body(Full::new(request_body).boxed()),
         Step::Chunked { chunks, interval } => {
             let stream = futures_util::stream::unfold(
                 (chunks.into_iter(), interval, true),
@@ -267,7 +272,10 @@ async fn perform(mut step: Step, request_body: Bytes) -> Result<Response<Upstrea
                     if !first {
                         tokio::time::sleep(interval).await;
                     }
-                    Some((Ok::<_, Infallible>(Frame::data(chunk)), (it, interval, false)))
+                    Some((
+                        Ok::<_, Infallible>(Frame::data(chunk)),
+                        (it, interval, false),
+                    ))
                 },
             );
             Response::builder()
@@ -282,5 +290,7 @@ async fn perform(mut step: Step, request_body: Bytes) -> Result<Response<Upstrea
 
 fn unreachable_stall() -> Result<Response<UpstreamBody>, http::Error> {
     // The loop above unwraps every Stall; keep the match total without panicking.
-    Response::builder().status(500).body(Full::new(Bytes::new()).boxed())
+    Response::builder()
+        .status(500)
+        .body(Full::new(Bytes::new()).boxed())
 }

@@ -1,0 +1,214 @@
+//! The configuration database (tenants, API keys, quotas, audit log): SQLite for the embedded
+//! default, PostgreSQL in production. Migrations are embedded at compile time and applied at
+//! start-up; queries are checked at run time so building never needs a live database.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+use crate::config::{DatabaseBackend, TenantSettings};
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// How long start-up waits for the database before giving up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Database failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// Connecting or querying failed.
+    #[error("database error: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// An API key in the file already belongs to another tenant in the database.
+    #[error("tenants[{tenant}]: an API key is already assigned to another tenant")]
+    KeyConflict {
+        /// Tenant id from the file.
+        tenant: String,
+    },
+}
+
+/// A connection pool to the configured database.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// Embedded SQLite.
+    Sqlite(SqlitePool),
+    /// PostgreSQL.
+    Postgres(PgPool),
+}
+
+/// SHA-256 of an API key: the only form in which keys are stored or compared.
+pub fn hash_api_key(key: &str) -> Vec<u8> {
+    Sha256::digest(key.as_bytes()).to_vec()
+}
+
+/// The visible prefix of a key, to recognise it in listings without revealing it.
+pub fn key_prefix(key: &str) -> String {
+    key.chars().take(6).collect()
+}
+
+// === impl Database ===
+
+impl Database {
+    /// Connects and applies migrations.
+    pub async fn connect(backend: &DatabaseBackend) -> Result<Self, DbError> {
+        let db = match backend {
+            DatabaseBackend::Sqlite(path) => {
+                let options = SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .foreign_keys(true);
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(CONNECT_TIMEOUT)
+                    .connect_with(options)
+                    .await?;
+                SQLITE_MIGRATIONS.run(&pool).await?;
+                Self::Sqlite(pool)
+            }
+            DatabaseBackend::Postgres(url) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(CONNECT_TIMEOUT)
+                    .connect(url)
+                    .await?;
+                POSTGRES_MIGRATIONS.run(&pool).await?;
+                Self::Postgres(pool)
+            }
+        };
+        Ok(db)
+    }
+
+    /// A trivial query, for readiness.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        match self {
+            Self::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(|_| ())?,
+            Self::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(|_| ())?,
+        }
+        Ok(())
+    }
+
+    /// Upserts the tenants of the configuration file and their keys (hashed), in one
+    /// transaction, and bumps the configuration version so replicas reload.
+    pub async fn upsert_tenants(&self, tenants: &[TenantSettings]) -> Result<(), DbError> {
+        match self {
+            Self::Sqlite(pool) => {
+                let mut tx = pool.begin().await?;
+                for t in tenants {
+                    sqlx::query(
+                        "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst,
+                           daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota,
+                           updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                    )
+                    .bind(&t.id)
+                    .bind(to_i64(t.bucket.rate))
+                    .bind(duration_ms(t.bucket.per))
+                    .bind(to_i64(t.bucket.burst))
+                    .bind(t.daily_quota.map(to_i64))
+                    .bind(t.monthly_quota.map(to_i64))
+                    .execute(&mut *tx)
+                    .await?;
+                    for key in &t.api_keys {
+                        let owner: Option<String> = sqlx::query_scalar(
+                            "SELECT tenant_id FROM api_keys WHERE key_hash = ?1",
+                        )
+                        .bind(hash_api_key(key.expose()))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                        match owner {
+                            Some(owner) if owner != t.id => {
+                                return Err(DbError::KeyConflict {
+                                    tenant: t.id.clone(),
+                                })
+                            }
+                            Some(_) => {}
+                            None => {
+                                sqlx::query("INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES (?1, ?2, ?3)")
+                                    .bind(&t.id)
+                                    .bind(hash_api_key(key.expose()))
+                                    .bind(key_prefix(key.expose()))
+                                    .execute(&mut *tx)
+                                    .await?;
+                            }
+                        }
+                    }
+                }
+                sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            Self::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                for t in tenants {
+                    sqlx::query(
+                        "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst,
+                           daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, updated_at = now()",
+                    )
+                    .bind(&t.id)
+                    .bind(to_i64(t.bucket.rate))
+                    .bind(duration_ms(t.bucket.per))
+                    .bind(to_i64(t.bucket.burst))
+                    .bind(t.daily_quota.map(to_i64))
+                    .bind(t.monthly_quota.map(to_i64))
+                    .execute(&mut *tx)
+                    .await?;
+                    for key in &t.api_keys {
+                        let owner: Option<String> = sqlx::query_scalar(
+                            "SELECT tenant_id FROM api_keys WHERE key_hash = $1",
+                        )
+                        .bind(hash_api_key(key.expose()))
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                        match owner {
+                            Some(owner) if owner != t.id => {
+                                return Err(DbError::KeyConflict {
+                                    tenant: t.id.clone(),
+                                })
+                            }
+                            Some(_) => {}
+                            None => {
+                                sqlx::query("INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)")
+                                    .bind(&t.id)
+                                    .bind(hash_api_key(key.expose()))
+                                    .bind(key_prefix(key.expose()))
+                                    .execute(&mut *tx)
+                                    .await?;
+                            }
+                        }
+                    }
+                }
+                sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        match self {
+            Self::Sqlite(pool) => pool.close().await,
+            Self::Postgres(pool) => pool.close().await,
+        }
+    }
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,142 @@
+//! Who is the client? The peer address, or the `X-Forwarded-For` chain when the peer is a
+//! trusted proxy — and the headers we send upstream about it.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderMap;
+use ipnet::IpNet;
+
+/// The TCP peer of the connection, inserted by the listener into every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The client IP the gateway believes, inserted before tenant resolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIp(pub IpAddr);
+
+/// Which peers may speak for clients through `X-Forwarded-For`.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+// === impl TrustedProxies ===
+
+impl TrustedProxies {
+    /// Trusts these networks.
+    pub fn new(nets: Vec<IpNet>) -> Self {
+        Self(nets)
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client IP: the peer itself, unless the peer is trusted, in which case the
+    /// right-most address of `X-Forwarded-For` that is not itself a trusted proxy. Walking from
+    /// the right means a client cannot choose its own identity by prepending addresses.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.contains(peer) {
+            return peer;
+        }
+        let mut client = peer;
+        for value in headers.get_all("x-forwarded-for").iter().rev() {
+            let Ok(text) = value.to_str() else {
+                return client;
+            };
+            for part in text.rsplit(',') {
+                match part.trim().parse::<IpAddr>() {
+                    Ok(ip) => {
+                        client = canonical(ip);
+                        if !self.contains(client) {
+                            return client;
+                        }
+                    }
+                    Err(_) => return client,
+                }
+            }
+        }
+        client
+    }
+
+    /// The `X-Forwarded-For` to send upstream: the trusted chain plus the peer, or — from an
+    /// untrusted peer — only the peer, so backends never see a spoofed chain.
+    pub fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> String {
+        let peer = canonical(peer);
+        if self.contains(peer) {
+            let existing: Vec<&str> = headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            if !existing.is_empty() {
+                return format!("{}, {peer}", existing.join(", "));
+            }
+        }
+        peer.to_string()
+    }
+}
+
+/// IPv4-mapped IPv6 addresses compare as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(xff: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", xff.parse().unwrap());
+        h
+    }
+
+    fn trusted() -> TrustedProxies {
+        TrustedProxies::new(vec![
+            "127.0.0.1/32".parse().unwrap(),
+            "10.0.0.0/8".parse().unwrap(),
+        ])
+    }
+
+    #[test]
+    fn untrusted_peer_cannot_spoof() {
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(trusted().client_ip(peer, &headers("1.2.3.4")), peer);
+        assert_eq!(
+            trusted().forwarded_for(peer, &headers("1.2.3.4")),
+            "203.0.113.9"
+        );
+    }
+
+    #[test]
+    fn trusted_peer_walks_from_the_right() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let h = headers("6.6.6.6, 198.51.100.7, 10.1.2.3");
+        assert_eq!(
+            trusted().client_ip(peer, &h),
+            "198.51.100.7".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            trusted().forwarded_for(peer, &h),
+            "6.6.6.6, 198.51.100.7, 10.1.2.3, 127.0.0.1"
+        );
+    }
+
+    #[test]
+    fn garbage_stops_the_walk() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(trusted().client_ip(peer, &headers("nonsense")), peer);
+        assert_eq!(trusted().client_ip(peer, &HeaderMap::new()), peer);
+    }
+
+    #[test]
+    fn mapped_ipv6_is_ipv4() {
+        let peer: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert!(trusted().contains(peer));
+    }
+}

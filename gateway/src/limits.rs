@@ -1,0 +1,106 @@
+//! Body and header size limits: 413 and 431 as problem+json before anything else runs, and a
+//! byte limit on streamed bodies without `Content-Length`.
+
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::{header, Request, Response};
+use http_body_util::Limited;
+use tower::{Layer, Service};
+
+use crate::problem::Problem;
+
+/// Enforces `server.max_body_bytes` and `server.max_header_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitsLayer {
+    max_body_bytes: u64,
+    max_header_bytes: usize,
+}
+
+/// The service of [`LimitsLayer`].
+#[derive(Debug, Clone)]
+pub struct Limits<S> {
+    inner: S,
+    limits: LimitsLayer,
+}
+
+impl LimitsLayer {
+    /// Limits from configuration.
+    pub fn new(max_body_bytes: u64, max_header_bytes: usize) -> Self {
+        Self {
+            max_body_bytes,
+            max_header_bytes,
+        }
+    }
+}
+
+impl<S> Layer<S> for LimitsLayer {
+    type Service = Limits<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Limits {
+            inner,
+            limits: *self,
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for Limits<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        if head_size(&request) > self.limits.max_header_bytes {
+            let problem = Problem::headers_too_large(self.limits.max_header_bytes);
+            return std::future::ready(Ok(problem.into_response())).boxed();
+        }
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.limits.max_body_bytes) {
+            let problem = Problem::body_too_large(self.limits.max_body_bytes);
+            return std::future::ready(Ok(problem.into_response())).boxed();
+        }
+        // A declared length within the limit is enforced by hyper itself; only bodies of
+        // unknown length need counting as they stream.
+        let request = if declared.is_none() {
+            let limit = usize::try_from(self.limits.max_body_bytes).unwrap_or(usize::MAX);
+            request.map(|body| Body::new(Limited::new(body, limit)))
+        } else {
+            request
+        };
+        self.inner.call(request).boxed()
+    }
+}
+
+/// Bytes of the request line and headers as they arrived (HTTP/1.1 framing).
+fn head_size(request: &Request<Body>) -> usize {
+    let line = request.method().as_str().len() + request.uri().to_string().len() + 12;
+    request.headers().iter().fold(line, |sum, (name, value)| {
+        sum + name.as_str().len() + value.len() + 4
+    })
+}
+
+/// Whether an error came from the body limit (so the proxy can answer 413).
+pub fn is_body_limit_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}

@@ -1,0 +1,117 @@
+//! Operations endpoints: `/healthz` (the process serves), `/readyz` (the configured stores
+//! answer and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
+//! `/healthz` and `/readyz` also answer on the proxy listener for load-balancer checks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use http::{Response, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::db::Database;
+use crate::problem::Problem;
+
+/// Each readiness check must answer within this.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What readiness depends on.
+#[derive(Debug)]
+pub struct Health {
+    draining: AtomicBool,
+    db: Database,
+    redis: Vec<redis::Client>,
+}
+
+// === impl Health ===
+
+impl Health {
+    /// Health over the database and any Redis servers in use.
+    pub fn new(db: Database, redis: Vec<redis::Client>) -> Self {
+        Self {
+            draining: AtomicBool::new(false),
+            db,
+            redis,
+        }
+    }
+
+    /// Marks the process as draining: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// `Ok` when every store answers in time and the process is not draining.
+    pub async fn ready(&self) -> Result<(), String> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err("shutting down".into());
+        }
+        match tokio::time::timeout(CHECK_TIMEOUT, self.db.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(format!("database: {err}")),
+            Err(_) => return Err("database: timed out".into()),
+        }
+        for client in &self.redis {
+            let ping = async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            };
+            match tokio::time::timeout(CHECK_TIMEOUT, ping).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => return Err(format!("redis: {err}")),
+                Err(_) => return Err("redis: timed out".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `200 ok`.
+pub fn healthz() -> Response<Body> {
+    Response::new(Body::from("ok\n"))
+}
+
+/// `200 ready` or a 503 problem naming the failing dependency.
+pub async fn readyz(health: &Health) -> Response<Body> {
+    match health.ready().await {
+        Ok(()) => Response::new(Body::from("ready\n")),
+        Err(reason) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not-ready",
+            "Not ready",
+            reason,
+        )
+        .retry_after(Duration::from_secs(1))
+        .into_response(),
+    }
+}
+
+#[derive(Clone)]
+struct OpsState {
+    health: Arc<Health>,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// The admin listener's operations routes.
+pub fn router(health: Arc<Health>, metrics: Option<PrometheusHandle>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { healthz() }))
+        .route(
+            "/readyz",
+            get(|State(s): State<OpsState>| async move { readyz(&s.health).await }),
+        )
+        .route(
+            "/metrics",
+            get(|State(s): State<OpsState>| async move {
+                let text = s.metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+                Response::builder()
+                    .header("content-type", "text/plain; version=0.0.4")
+                    .body(Body::from(text))
+                    .unwrap_or_else(|_| Response::new(Body::empty()))
+            }),
+        )
+        .with_state(OpsState { health, metrics })
+}

@@ -1,0 +1,163 @@
+//! RFC 9457 problem details: every error the gateway itself generates leaves through here.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+/// Base of the gateway's stable problem `type` URIs.
+pub const TYPE_BASE: &str = "https://portcullis.dev/problems/";
+
+/// The media type of problem bodies.
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// A problem details object (RFC 9457) plus extension members.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    type_uri: Cow<'static, str>,
+    title: Cow<'static, str>,
+    status: u16,
+    detail: String,
+    #[serde(flatten)]
+    extensions: serde_json::Map<String, serde_json::Value>,
+    #[serde(skip)]
+    retry_after: Option<u64>,
+}
+
+// === impl Problem ===
+
+impl Problem {
+    /// A problem with the type URI `TYPE_BASE + slug`.
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_uri: Cow::Owned(format!("{TYPE_BASE}{slug}")),
+            title: Cow::Borrowed(title),
+            status: status.as_u16(),
+            detail: detail.into(),
+            extensions: serde_json::Map::new(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds an extension member.
+    pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extensions.insert(name.to_owned(), value.into());
+        self
+    }
+
+    /// Sets `Retry-After` (whole seconds, rounded up, at least 1) and the `retry_after` member.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        let secs = retry_after_secs(wait);
+        self.retry_after = Some(secs);
+        self.with("retry_after", secs)
+    }
+
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The response: JSON body, problem media type, `Retry-After` when set.
+    pub fn into_response(self) -> Response<Body> {
+        let body = serde_json::to_vec(&self).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// 404: no route matches the path.
+    pub fn no_route(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "no-route",
+            "No route matches this path",
+            format!("no route is configured for {path:?}"),
+        )
+    }
+
+    /// 413: the body exceeds `server.max_body_bytes`.
+    pub fn body_too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+        .with("limit", limit)
+    }
+
+    /// 431: the request head exceeds `server.max_header_bytes`.
+    pub fn headers_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers-too-large",
+            "Request header fields too large",
+            format!("the request line and headers exceed the limit of {limit} bytes"),
+        )
+        .with("limit", limit)
+    }
+
+    /// 503: over the global in-flight cap.
+    pub fn overloaded(wait: Duration) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", "Gateway overloaded", "the gateway is at its concurrent request limit; retry after the indicated delay with backoff and jitter")
+            .retry_after(wait)
+    }
+
+    /// 500 for anything unexpected; details go to the log, never to the client.
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal gateway error",
+            "the gateway failed to handle the request; the incident was logged",
+        )
+    }
+}
+
+/// `Retry-After` seconds for a wait: whole seconds, rounded up, never 0.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+    }
+
+    #[tokio::test]
+    async fn renders_rfc9457() {
+        let response = Problem::overloaded(Duration::from_millis(1500)).into_response();
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], "https://portcullis.dev/problems/overloaded");
+        assert_eq!(json["status"], 503);
+        assert_eq!(json["retry_after"], 2);
+        assert!(json["title"].is_string() && json["detail"].is_string());
+    }
+}

@@ -1,0 +1,302 @@
+//! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
+//! endpoints, bodies streamed both ways, hop-by-hop headers removed, `X-Forwarded-*` set.
+//!
+//! One call is one attempt. Retries, backoff and breakers belong to the retry layer above;
+//! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
+//! retry layer's safety decision depends on whether a byte may have reached the backend.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::Service;
+
+use crate::config::UpstreamSettings;
+use crate::forwarded::{PeerAddr, TrustedProxies};
+use crate::router::MatchedRoute;
+
+mod error;
+
+pub use error::{ProxyError, ProxyErrorKind};
+
+/// Idle pooled connections are closed after this long (below common backend keep-alive
+/// timeouts of 60–75 s would be safer, but backends here are configured by their owners).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Which endpoint served a response (index into the upstream's endpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint(pub usize);
+
+/// A request extension asking the proxy to avoid one endpoint (set by the retry layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvoidEndpoint(pub usize);
+
+/// One backend with its endpoints and connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    name: Arc<str>,
+    endpoints: Vec<(Scheme, Authority)>,
+    next: AtomicUsize,
+    client: Client<HttpConnector, Body>,
+    attempt_timeout: Duration,
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// Builds the pool for validated settings.
+    pub fn new(settings: &UpstreamSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(settings.pool_max_idle)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        let endpoints = settings
+            .endpoints
+            .iter()
+            .filter_map(|uri| Some((uri.scheme()?.clone(), uri.authority()?.clone())))
+            .collect();
+        Self {
+            name: Arc::from(settings.name.as_str()),
+            endpoints,
+            next: AtomicUsize::new(0),
+            client,
+            attempt_timeout: settings.attempt_timeout,
+        }
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Round robin, skipping `avoid` when there is another endpoint.
+    fn pick(&self, avoid: Option<usize>) -> usize {
+        let count = self.endpoints.len().max(1);
+        let mut index = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        if count > 1 && Some(index) == avoid {
+            index = (index + 1) % count;
+        }
+        index
+    }
+}
+
+/// The proxy service: forwards a routed request to its upstream.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    upstreams: Arc<[Arc<Upstream>]>,
+    trusted: Arc<TrustedProxies>,
+}
+
+// === impl Proxy ===
+
+impl Proxy {
+    /// A proxy over `upstreams` (indexed as in the configuration).
+    pub fn new(upstreams: Vec<Arc<Upstream>>, trusted: Arc<TrustedProxies>) -> Self {
+        Self {
+            upstreams: upstreams.into(),
+            trusted,
+        }
+    }
+}
+
+impl Service<Request<Body>> for Proxy {
+    type Response = Response<Body>;
+    type Error = ProxyError;
+    type Future = BoxFuture<'static, Result<Response<Body>, ProxyError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let Some(route) = request.extensions().get::<MatchedRoute>().cloned() else {
+            return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
+        };
+        let Some(upstream) = self.upstreams.get(route.0.settings.upstream).cloned() else {
+            return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
+        };
+        let avoid = request.extensions().get::<AvoidEndpoint>().map(|a| a.0);
+        let index = upstream.pick(avoid);
+        let prepared = prepare(request, &route, &upstream, index, &self.trusted);
+        async move {
+            let request = prepared?;
+            let sent =
+                tokio::time::timeout(upstream.attempt_timeout, upstream.client.request(request))
+                    .await;
+            let response = match sent {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => return Err(ProxyError::from_client(err, index)),
+                Err(_) => {
+                    return Err(ProxyError::new(
+                        ProxyErrorKind::Timeout(upstream.attempt_timeout),
+                        Some(index),
+                    ))
+                }
+            };
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.extensions.insert(Endpoint(index));
+            Ok(Response::from_parts(parts, Body::new(body)))
+        }
+        .boxed()
+    }
+}
+
+/// Rewrites the request for the chosen endpoint.
+fn prepare(
+    request: Request<Body>,
+    route: &MatchedRoute,
+    upstream: &Upstream,
+    index: usize,
+    trusted: &TrustedProxies,
+) -> Result<Request<Body>, ProxyError> {
+    let (mut parts, body) = request.into_parts();
+    let Some((scheme, authority)) = upstream.endpoints.get(index).cloned() else {
+        return Err(ProxyError::new(ProxyErrorKind::NoRoute, None));
+    };
+    let path_and_query = upstream_path(
+        &parts.uri,
+        &route.0.settings.prefix,
+        route.0.settings.strip_prefix,
+    );
+    parts.uri = Uri::from_parts({
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(scheme);
+        uri.authority = Some(authority.clone());
+        uri.path_and_query = Some(path_and_query);
+        uri
+    })
+    .map_err(|_| ProxyError::new(ProxyErrorKind::NoRoute, Some(index)))?;
+    parts.version = http::Version::HTTP_11;
+
+    let original_host = parts.headers.get(header::HOST).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        parts.headers.insert(header::HOST, host);
+    }
+    let peer: Option<IpAddr> = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
+    if let Some(peer) = peer {
+        let chain = trusted.forwarded_for(peer, &parts.headers);
+        if let Ok(value) = HeaderValue::from_str(&chain) {
+            parts.headers.insert(X_FORWARDED_FOR.clone(), value);
+        }
+        let proto_trusted =
+            trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_PROTO);
+        if !proto_trusted {
+            parts
+                .headers
+                .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        }
+        if !(trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_HOST)) {
+            match original_host {
+                Some(host) => {
+                    parts.headers.insert(X_FORWARDED_HOST.clone(), host);
+                }
+                None => {
+                    parts.headers.remove(&X_FORWARDED_HOST);
+                }
+            }
+        }
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+fn upstream_path(uri: &Uri, prefix: &str, strip: bool) -> PathAndQuery {
+    let path = uri.path();
+    let path = if strip {
+        let rest = path
+            .strip_prefix(prefix.trim_end_matches('/'))
+            .unwrap_or(path);
+        if rest.starts_with('/') {
+            rest.to_owned()
+        } else {
+            format!("/{rest}")
+        }
+    } else {
+        path.to_owned()
+    };
+    let full = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    full.parse()
+        .unwrap_or_else(|_| PathAndQuery::from_static("/"))
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and any header the `Connection` header names.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers; `Transfer-Encoding` too, since framing is re-done per hop.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", "close, x-secret".parse().unwrap());
+        headers.insert("x-secret", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("te", "trailers".parse().unwrap());
+        headers.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert!(headers.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn paths_with_and_without_stripping() {
+        let uri: Uri = "/orders/7?x=1".parse().unwrap();
+        assert_eq!(
+            upstream_path(&uri, "/orders", false).as_str(),
+            "/orders/7?x=1"
+        );
+        assert_eq!(upstream_path(&uri, "/orders", true).as_str(), "/7?x=1");
+        let root: Uri = "/orders".parse().unwrap();
+        assert_eq!(upstream_path(&root, "/orders", true).as_str(), "/");
+    }
+}

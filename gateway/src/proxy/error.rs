@@ -1,0 +1,107 @@
+//! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
+
+use std::time::Duration;
+
+use crate::limits::is_body_limit_error;
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProxyErrorKind {
+    /// Connection refused: nothing was sent.
+    ConnectRefused,
+    /// Connect timed out: nothing was sent.
+    ConnectTimeout,
+    /// Name resolution failed: nothing was sent.
+    Dns,
+    /// The connection broke after the request (or part of it) was written.
+    ResetAfterSent,
+    /// No response head within the attempt timeout.
+    Timeout(Duration),
+    /// The client's body exceeded the limit while streaming.
+    BodyTooLarge,
+    /// The request had no route (a stack assembly error, not a client error).
+    NoRoute,
+    /// Anything else.
+    Other,
+}
+
+/// An attempt's failure, with the endpoint it went to.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream attempt failed ({kind:?}) on endpoint {endpoint:?}")]
+pub struct ProxyError {
+    kind: ProxyErrorKind,
+    endpoint: Option<usize>,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+// === impl ProxyError ===
+
+impl ProxyError {
+    /// An error without an underlying cause.
+    pub fn new(kind: ProxyErrorKind, endpoint: Option<usize>) -> Self {
+        Self {
+            kind,
+            endpoint,
+            source: None,
+        }
+    }
+
+    /// Classifies a hyper client error.
+    pub fn from_client(err: hyper_util::client::legacy::Error, endpoint: usize) -> Self {
+        let kind = classify(&err);
+        Self {
+            kind,
+            endpoint: Some(endpoint),
+            source: Some(Box::new(err)),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ProxyErrorKind {
+        self.kind
+    }
+
+    /// The endpoint the attempt went to.
+    pub fn endpoint(&self) -> Option<usize> {
+        self.endpoint
+    }
+
+    /// Whether the request provably never reached the backend.
+    pub fn is_provably_unprocessed(&self) -> bool {
+        matches!(
+            self.kind,
+            ProxyErrorKind::ConnectRefused
+                | ProxyErrorKind::ConnectTimeout
+                | ProxyErrorKind::Dns
+                | ProxyErrorKind::NoRoute
+        )
+    }
+}
+
+fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
+    if is_body_limit_error(err) {
+        return ProxyErrorKind::BodyTooLarge;
+    }
+    if err.is_connect() {
+        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+        while let Some(e) = current {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                return match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => ProxyErrorKind::ConnectRefused,
+                    std::io::ErrorKind::TimedOut => ProxyErrorKind::ConnectTimeout,
+                    _ if e.to_string().contains("dns") => ProxyErrorKind::Dns,
+                    _ => ProxyErrorKind::ConnectRefused,
+                };
+            }
+            if e.to_string().contains("dns error") {
+                return ProxyErrorKind::Dns;
+            }
+            current = e.source();
+        }
+        // A connect-phase error without an io cause: still nothing was sent.
+        return ProxyErrorKind::ConnectRefused;
+    }
+    ProxyErrorKind::ResetAfterSent
+}

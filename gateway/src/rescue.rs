@@ -1,0 +1,103 @@
+//! The one place where errors from the upstream side become problem+json responses, so no
+//! error ever reaches hyper (which would just drop the connection).
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::problem::Problem;
+use crate::proxy::{ProxyError, ProxyErrorKind};
+
+/// Errors that know which problem they are.
+pub trait IntoProblem: std::error::Error {
+    /// The client-facing problem; internals stay in the log.
+    fn problem(&self) -> Problem;
+}
+
+impl IntoProblem for ProxyError {
+    fn problem(&self) -> Problem {
+        let endpoint_note = "the request was not processed by the backend";
+        match self.kind() {
+            ProxyErrorKind::ConnectRefused | ProxyErrorKind::ConnectTimeout | ProxyErrorKind::Dns => Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                "Upstream unreachable",
+                format!("the gateway could not connect to the upstream; {endpoint_note}"),
+            ),
+            ProxyErrorKind::ResetAfterSent | ProxyErrorKind::Other => Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-failed",
+                "Upstream connection failed",
+                "the connection to the upstream failed after the request was sent; the backend may have processed it",
+            ),
+            ProxyErrorKind::Timeout(after) => Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream timed out",
+                format!("the upstream did not answer within {} ms; the backend may have processed the request", after.as_millis()),
+            ),
+            ProxyErrorKind::BodyTooLarge => Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                "the streamed request body exceeded the gateway's limit",
+            ),
+            ProxyErrorKind::NoRoute => Problem::internal(),
+        }
+    }
+}
+
+/// Turns `Err(E)` into the error's problem response.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RescueLayer;
+
+/// The service of [`RescueLayer`].
+#[derive(Debug, Clone)]
+pub struct Rescue<S> {
+    inner: S,
+}
+
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Rescue { inner }
+    }
+}
+
+impl<S> Service<Request<Body>> for Rescue<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: IntoProblem + Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The proxy is always ready; an inner error here is reported on the call instead.
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let future = self.inner.call(request);
+        async move {
+            match future.await {
+                Ok(response) => Ok(response),
+                Err(err) => {
+                    let problem = err.problem();
+                    tracing::warn!(error = %err, status = problem.status().as_u16(), "upstream request failed");
+                    Ok(problem.into_response())
+                }
+            }
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,150 @@
+//! Route matching: the longest configured prefix wins, on a path-segment boundary (`/orders`
+//! matches `/orders` and `/orders/7`, not `/ordersx`). Matching happens early in the stack
+//! because rate limiting (cost, per-route limits) and idempotency (per-route settings) depend
+//! on the route; the proxy at the end reads the same [`MatchedRoute`].
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::{Request, Response};
+use tower::{Layer, Service};
+
+use crate::config::RouteSettings;
+use crate::problem::Problem;
+
+/// A configured route.
+#[derive(Debug)]
+pub struct Route {
+    /// Position in the configuration.
+    pub index: usize,
+    /// The validated settings.
+    pub settings: RouteSettings,
+    /// Metrics label (the prefix).
+    pub label: Arc<str>,
+}
+
+/// The route a request matched; in request extensions from here on, and in response
+/// extensions for the metrics layer.
+#[derive(Debug, Clone)]
+pub struct MatchedRoute(pub Arc<Route>);
+
+/// Routes ordered for longest-prefix matching.
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    by_length: Arc<[Arc<Route>]>,
+}
+
+// === impl RouteTable ===
+
+impl RouteTable {
+    /// Builds the table from validated routes.
+    pub fn new(routes: &[RouteSettings]) -> Self {
+        let mut by_length: Vec<Arc<Route>> = routes
+            .iter()
+            .enumerate()
+            .map(|(index, settings)| {
+                Arc::new(Route {
+                    index,
+                    label: Arc::from(settings.prefix.as_str()),
+                    settings: settings.clone(),
+                })
+            })
+            .collect();
+        by_length.sort_by(|a, b| b.settings.prefix.len().cmp(&a.settings.prefix.len()));
+        Self {
+            by_length: by_length.into(),
+        }
+    }
+
+    /// The longest route whose prefix matches `path` on a segment boundary.
+    pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
+        self.by_length
+            .iter()
+            .find(|route| prefix_matches(&route.settings.prefix, path))
+    }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// Inserts [`MatchedRoute`] or answers 404.
+#[derive(Debug, Clone)]
+pub struct RouteLayer {
+    table: RouteTable,
+}
+
+/// The service of [`RouteLayer`].
+#[derive(Debug, Clone)]
+pub struct RouteMatch<S> {
+    inner: S,
+    table: RouteTable,
+}
+
+impl RouteLayer {
+    /// Matches against `table`.
+    pub fn new(table: RouteTable) -> Self {
+        Self { table }
+    }
+}
+
+impl<S> Layer<S> for RouteLayer {
+    type Service = RouteMatch<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RouteMatch {
+            inner,
+            table: self.table.clone(),
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for RouteMatch<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        let Some(route) = self.table.find(request.uri().path()).cloned() else {
+            let response = Problem::no_route(request.uri().path()).into_response();
+            return std::future::ready(Ok(response)).boxed();
+        };
+        let matched = MatchedRoute(route);
+        request.extensions_mut().insert(matched.clone());
+        let future = self.inner.call(request);
+        async move {
+            let mut response = future.await?;
+            response.extensions_mut().insert(matched);
+            Ok(response)
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_boundary_prefixes() {
+        assert!(prefix_matches("/orders", "/orders"));
+        assert!(prefix_matches("/orders", "/orders/7"));
+        assert!(!prefix_matches("/orders", "/ordersx"));
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api/", "/api/x"));
+        assert!(!prefix_matches("/orders", "/"));
+    }
+}

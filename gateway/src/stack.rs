@@ -1,0 +1,59 @@
+//! The request pipeline in request-path order, one line per layer. Each layer is its own
+//! module; no layer reaches into another's state — policy travels in request extensions.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::Request;
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt};
+
+use crate::config::Config;
+use crate::forwarded::TrustedProxies;
+use crate::limits::LimitsLayer;
+use crate::metrics::ObserveLayer;
+use crate::ops::{self, Health};
+use crate::proxy::{Proxy, Upstream};
+use crate::request_id::RequestIdLayer;
+use crate::rescue::RescueLayer;
+use crate::router::{RouteLayer, RouteTable};
+use crate::server::HttpService;
+use crate::shed::LoadShedLayer;
+
+/// Everything the pipeline is built from.
+#[derive(Debug, Clone)]
+pub struct StackParts {
+    /// Upstream pools, indexed as in the configuration.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
+    pub health: Arc<Health>,
+}
+
+/// Builds the proxy listener's service.
+pub fn build(config: &Config, parts: StackParts) -> HttpService {
+    let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
+    let pipeline = ServiceBuilder::new()
+        .layer(ObserveLayer) // metrics + access log, outermost so every answer is counted
+        .layer(RequestIdLayer) // X-Request-Id in and out
+        .layer(LimitsLayer::new(
+            config.server.max_body_bytes,
+            config.server.max_header_bytes,
+        )) // 413 / 431
+        .layer(RouteLayer::new(RouteTable::new(&config.routes))) // longest prefix → MatchedRoute, else 404
+        .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
+        .layer(RescueLayer) // upstream errors → problem+json (502/504/413)
+        .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt
+    let pipeline = BoxCloneService::new(pipeline);
+    let health = parts.health;
+    BoxCloneService::new(tower::service_fn(move |request: Request<Body>| {
+        let pipeline = pipeline.clone();
+        let health = health.clone();
+        let future: BoxFuture<'static, _> = match request.uri().path() {
+            "/healthz" => std::future::ready(Ok(ops::healthz())).boxed(),
+            "/readyz" => async move { Ok(ops::readyz(&health).await) }.boxed(),
+            _ => pipeline.oneshot(request).boxed(),
+        };
+        future
+    }))
+}
