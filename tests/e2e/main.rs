@@ -1,1 +1,15 @@
-//! End-to-end tests.
+//! End-to-end tests: the real `portcullis` binary, real Redis and PostgreSQL (started by
+//! `scripts/test.sh`), and scripted upstreams, all over real sockets on loopback.
+
+mod common;
+
+// Proxying: methods, bodies, streaming, forwarded and hop-by-hop headers, request ids.
+mod proxy_basics;
+// Gateway-generated errors as problem+json (404, 413, 431, 502, 504, 400) and staying up.
+mod bad_input;
+// Invalid configuration refuses to start and names the field; check-config redacts secrets.
+mod config_errors;
+// SIGTERM drains in-flight requests; readiness flips first.
+mod shutdown;
+// The harness itself: real Redis, real PostgreSQL with migrations, gateway on both.
+mod harness_services;

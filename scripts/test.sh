@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh Debian machine with Rust:
+#   1. installs redis-server and PostgreSQL with apt-get when they are missing;
+#   2. starts one real Redis and one real PostgreSQL on free loopback ports, in a temp dir;
+#   3. exports PORTCULLIS_TEST_REDIS_URL and PORTCULLIS_TEST_DATABASE_URL for the tests;
+#   4. runs every test of the workspace (unit, conformance, end-to-end);
+#   5. stops both servers by PID, on success, failure or Ctrl-C.
+# Safe to run twice in a row: nothing is left behind. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+need_install=()
+command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
+if [ ${#need_install[@]} -gt 0 ]; then
+  log "installing ${need_install[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >/dev/null
+fi
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+workdir=$(mktemp -d /tmp/portcullis-test.XXXXXX)
+redis_pid=""
+pg_data="$workdir/pg/data"
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+as_postgres=()
+[ "$(id -u)" -eq 0 ] && as_postgres=(runuser -u postgres --)
+
+cleanup() {
+  local status=$?
+  if [ -n "$redis_pid" ] && kill -0 "$redis_pid" 2>/dev/null; then
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+  fi
+  if [ -f "$pg_data/postmaster.pid" ]; then
+    pg_pid=$(head -n 1 "$pg_data/postmaster.pid")
+    "${as_postgres[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -m fast -w stop >/dev/null 2>&1 || kill "$pg_pid" 2>/dev/null || true
+  fi
+  rm -rf "$workdir"
+  exit $status
+}
+trap cleanup EXIT INT TERM
+
+log "starting redis-server"
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$workdir" >"$workdir/redis.log" 2>&1 &
+redis_pid=$!
+
+log "starting PostgreSQL ($pg_bin)"
+pg_port=$(free_port)
+mkdir -p "$workdir/pg"
+[ "$(id -u)" -eq 0 ] && chown -R postgres "$workdir/pg"
+chmod 755 "$workdir"
+"${as_postgres[@]}" "$pg_bin/initdb" -D "$pg_data" -A trust -U postgres >"$workdir/initdb.log" 2>&1 \
+  || { cat "$workdir/initdb.log" >&2; exit 1; }
+"${as_postgres[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -w -l "$workdir/pg/log" \
+  -o "-p $pg_port -k $workdir/pg -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300" start >/dev/null \
+  || { cat "$workdir/pg/log" >&2; exit 1; }
+
+for _ in $(seq 1 100); do
+  redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+redis-cli -p "$redis_port" ping >/dev/null || { echo "redis-server did not start" >&2; cat "$workdir/redis.log" >&2; exit 1; }
+
+export PORTCULLIS_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
+export PORTCULLIS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
+log "redis: $PORTCULLIS_TEST_REDIS_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
+
+log "cargo test --workspace"
+cargo test --workspace --locked "$@"

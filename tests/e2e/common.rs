@@ -1,0 +1,63 @@
+//! Shared helpers for the end-to-end tests.
+
+use portcullis_testkit::gateway::GatewayProcess;
+use portcullis_testkit::upstream::ScriptedUpstream;
+
+/// The gateway binary Cargo built for this test target.
+pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
+
+/// An HTTP client without connection reuse surprises: no proxy, short timeouts.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .expect("reqwest client")
+}
+
+/// A config with one upstream `u` at `upstream_url` routed from `/`, no retries, plus `extra`
+/// lines inside the upstream table.
+pub fn single_route_config(upstream_url: &str, upstream_extra: &str) -> String {
+    format!(
+        r#"[[upstreams]]
+name = "u"
+endpoints = ["{upstream_url}"]
+retry = {{ max_retries = 0 }}
+{upstream_extra}
+
+[[routes]]
+prefix = "/"
+upstream = "u"
+"#
+    )
+}
+
+/// Starts a gateway in front of `upstream` with [`single_route_config`].
+pub async fn gateway_for(upstream: &ScriptedUpstream) -> GatewayProcess {
+    GatewayProcess::start(BIN, &single_route_config(&upstream.url(), "")).await
+}
+
+/// Asserts a problem+json response with `status`, returning the parsed body.
+pub async fn assert_problem(response: reqwest::Response, status: u16) -> serde_json::Value {
+    assert_eq!(response.status().as_u16(), status, "unexpected status");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json");
+    let body: serde_json::Value = response.json().await.expect("problem body is JSON");
+    assert_eq!(body["status"], status);
+    assert!(
+        body["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("https://")),
+        "{body}"
+    );
+    assert!(
+        body["title"].is_string() && body["detail"].is_string(),
+        "{body}"
+    );
+    body
+}

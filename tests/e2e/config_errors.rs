@@ -1,0 +1,124 @@
+use std::process::Command;
+
+use crate::common::BIN;
+
+/// Runs `portcullis --config` on `text`; returns (exit code, stderr).
+fn run_with(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+const UPSTREAM: &str = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n";
+
+#[test]
+fn invalid_configurations_refuse_to_start_naming_the_field() {
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("{UPSTREAM}retry = {{ max_retries = 6 }}\n"),
+            "upstreams[0].retry.max_retries",
+        ),
+        (
+            format!("{UPSTREAM}retry = {{ jitter = \"equal\" }}\n"),
+            "upstreams[0].retry.jitter",
+        ),
+        (
+            format!("{UPSTREAM}retry = {{ total = \"45s\" }}\n"),
+            "upstreams[0].retry.total",
+        ),
+        ("[server]\nlisten = \"nowhere\"\n".into(), "server.listen"),
+        (
+            "[server]\nmax_in_flight = 0\n".into(),
+            "server.max_in_flight",
+        ),
+        (
+            "[server]\nlisten_addr = \"127.0.0.1:1\"\n".into(),
+            "server.listen_addr",
+        ),
+        (
+            "[storage]\nstate = \"memcached://x\"\n".into(),
+            "storage.state",
+        ),
+        (
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"missing\"\n"),
+            "routes[0].upstream",
+        ),
+        (
+            "[[tenants]]\nid = \"t\"\nrate = 5\nper = \"often\"\nburst = 1\n".into(),
+            "tenants[0].per",
+        ),
+        (
+            "[server]\nmax_body_bytes = \"big\"\n".into(),
+            "server.max_body_bytes",
+        ),
+    ];
+    for (text, field) in cases {
+        let (code, stderr) = run_with(&text);
+        assert_eq!(code, Some(2), "must refuse to start: {text}\n{stderr}");
+        assert!(
+            stderr.contains(field),
+            "stderr must name {field}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn missing_file_is_reported() {
+    let output = Command::new(BIN)
+        .args(["--config", "/nonexistent/portcullis.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/portcullis.toml"));
+}
+
+#[test]
+fn check_config_prints_effective_configuration_with_secrets_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.toml");
+    std::fs::write(
+        &path,
+        format!("{UPSTREAM}\n[storage]\ndatabase = \"postgres://app:s3cret-pw@127.0.0.1/db\"\n\n[[tenants]]\nid = \"acme\"\napi_keys = [\"acme-very-secret\"]\nrate = 1\nper = \"1s\"\nburst = 1\n"),
+    )
+    .unwrap();
+    let output = Command::new(BIN)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("max_retries = 3"),
+        "defaults shown: {stdout}"
+    );
+    assert!(
+        !stdout.contains("s3cret-pw") && !stdout.contains("acme-very-secret"),
+        "{stdout}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, format!("{UPSTREAM}retry = {{ max_retries = 9 }}\n")).unwrap();
+    let output = Command::new(BIN)
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr)
+        .contains("upstreams[0].retry.max_retries = 9: allowed 0..=5"));
+}
