@@ -23,6 +23,7 @@ pub mod problem;
 pub mod proxy;
 pub mod request_id;
 pub mod rescue;
+pub mod retry;
 pub mod router;
 pub mod server;
 pub mod shed;
@@ -36,6 +37,7 @@ use crate::config::{Config, IdempotencyBackend, StateBackend};
 use crate::db::{Database, DbError};
 use crate::ops::Health;
 use crate::proxy::Upstream;
+use crate::retry::Dependency;
 use crate::server::ServeOptions;
 
 /// Why the gateway could not start.
@@ -100,13 +102,25 @@ pub async fn run(
         .iter()
         .map(|u| Arc::new(Upstream::new(u)))
         .collect();
-    let service = stack::build(
-        &config,
-        stack::StackParts {
-            upstreams,
-            health: health.clone(),
-        },
-    );
+    let dependencies = config
+        .upstreams
+        .iter()
+        .map(|u| {
+            Arc::new(Dependency::new(
+                u.name.as_str(),
+                u.endpoints.len(),
+                u.dedupes_idempotency_keys,
+                u.budget,
+                u.circuit_breaker,
+            ))
+        })
+        .collect();
+    let parts = stack::StackParts {
+        upstreams,
+        dependencies,
+        health: health.clone(),
+    };
+    let service = stack::build(&config, parts);
 
     let listener = bind(config.server.listen, "server.listen").await?;
     let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;

@@ -47,6 +47,23 @@ impl Problem {
         }
     }
 
+    /// A problem with a full `type` URI (for types defined by other modules).
+    pub fn with_type(
+        status: StatusCode,
+        type_uri: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_uri: Cow::Borrowed(type_uri),
+            title: Cow::Borrowed(title),
+            status: status.as_u16(),
+            detail: detail.into(),
+            extensions: serde_json::Map::new(),
+            retry_after: None,
+        }
+    }
+
     /// Adds an extension member.
     pub fn with(mut self, name: &str, value: impl Into<serde_json::Value>) -> Self {
         self.extensions.insert(name.to_owned(), value.into());

@@ -1,7 +1,7 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
 //! endpoints, bodies streamed both ways, hop-by-hop headers removed, `X-Forwarded-*` set.
 //!
-//! One call is one attempt. Retries, backoff and breakers belong to the retry layer above;
+//! One call is one attempt, with no timeout of its own beyond connecting. Retries, backoff and breakers belong to the retry layer above;
 //! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
 //! retry layer's safety decision depends on whether a byte may have reached the backend.
 
@@ -23,6 +23,7 @@ use tower::Service;
 
 use crate::config::UpstreamSettings;
 use crate::forwarded::{PeerAddr, TrustedProxies};
+use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
 
 mod error;
@@ -33,14 +34,6 @@ pub use error::{ProxyError, ProxyErrorKind};
 /// timeouts of 60–75 s would be safer, but backends here are configured by their owners).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Which endpoint served a response (index into the upstream's endpoints).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Endpoint(pub usize);
-
-/// A request extension asking the proxy to avoid one endpoint (set by the retry layer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AvoidEndpoint(pub usize);
-
 /// One backend with its endpoints and connection pool.
 #[derive(Debug)]
 pub struct Upstream {
@@ -48,7 +41,6 @@ pub struct Upstream {
     endpoints: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
     client: Client<HttpConnector, Body>,
-    attempt_timeout: Duration,
 }
 
 // === impl Upstream ===
@@ -74,7 +66,6 @@ impl Upstream {
             endpoints,
             next: AtomicUsize::new(0),
             client,
-            attempt_timeout: settings.attempt_timeout,
         }
     }
 
@@ -129,27 +120,23 @@ impl Service<Request<Body>> for Proxy {
         let Some(upstream) = self.upstreams.get(route.0.settings.upstream).cloned() else {
             return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
         };
-        let avoid = request.extensions().get::<AvoidEndpoint>().map(|a| a.0);
+        let avoid = request
+            .extensions()
+            .get::<AttemptInfo>()
+            .and_then(|a| a.avoid_endpoint);
         let index = upstream.pick(avoid);
         let prepared = prepare(request, &route, &upstream, index, &self.trusted);
         async move {
             let request = prepared?;
-            let sent =
-                tokio::time::timeout(upstream.attempt_timeout, upstream.client.request(request))
-                    .await;
-            let response = match sent {
-                Ok(Ok(response)) => response,
-                Ok(Err(err)) => return Err(ProxyError::from_client(err, index)),
-                Err(_) => {
-                    return Err(ProxyError::new(
-                        ProxyErrorKind::Timeout(upstream.attempt_timeout),
-                        Some(index),
-                    ))
-                }
-            };
+            // The attempt timeout is the retry layer's: it also knows the request deadline.
+            let response = upstream
+                .client
+                .request(request)
+                .await
+                .map_err(|err| ProxyError::from_client(err, index))?;
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            parts.extensions.insert(Endpoint(index));
+            parts.extensions.insert(ServedBy(index));
             Ok(Response::from_parts(parts, Body::new(body)))
         }
         .boxed()

@@ -11,11 +11,46 @@ use tower::{Layer, Service};
 
 use crate::problem::Problem;
 use crate::proxy::{ProxyError, ProxyErrorKind};
+use crate::retry::RetryError;
 
 /// Errors that know which problem they are.
 pub trait IntoProblem: std::error::Error {
     /// The client-facing problem; internals stay in the log.
     fn problem(&self) -> Problem;
+}
+
+impl IntoProblem for RetryError<ProxyError> {
+    fn problem(&self) -> Problem {
+        let problem = match self {
+            RetryError::Upstream(err) => return err.problem(),
+            RetryError::AttemptTimeout { after } => Problem::with_type(
+                self.status(),
+                self.problem_type(),
+                self.title(),
+                format!(
+                    "the upstream sent no response within {} ms; the backend may have processed the request",
+                    after.as_millis()
+                ),
+            ),
+            RetryError::DeadlineExceeded => Problem::with_type(
+                self.status(),
+                self.problem_type(),
+                self.title(),
+                "the request's deadline (X-Request-Deadline or the route's total) passed before it could be sent",
+            ),
+            RetryError::BreakerOpen { .. } => Problem::with_type(
+                self.status(),
+                self.problem_type(),
+                self.title(),
+                "the upstream is failing and its circuit breaker is open; the request was not sent. Retry after the indicated delay with backoff and jitter",
+            ),
+            _ => Problem::with_type(self.status(), self.problem_type(), self.title(), "the request body could not be read"),
+        };
+        match self.retry_after() {
+            Some(wait) => problem.retry_after(wait),
+            None => problem,
+        }
+    }
 }
 
 impl IntoProblem for ProxyError {
@@ -33,12 +68,6 @@ impl IntoProblem for ProxyError {
                 "upstream-failed",
                 "Upstream connection failed",
                 "the connection to the upstream failed after the request was sent; the backend may have processed it",
-            ),
-            ProxyErrorKind::Timeout(after) => Problem::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream-timeout",
-                "Upstream timed out",
-                format!("the upstream did not answer within {} ms; the backend may have processed the request", after.as_millis()),
             ),
             ProxyErrorKind::BodyTooLarge => Problem::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

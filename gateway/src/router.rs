@@ -13,6 +13,7 @@ use tower::{Layer, Service};
 
 use crate::config::RouteSettings;
 use crate::problem::Problem;
+use crate::retry::{Dependency, RetryTarget};
 
 /// A configured route.
 #[derive(Debug)]
@@ -23,6 +24,8 @@ pub struct Route {
     pub settings: RouteSettings,
     /// Metrics label (the prefix).
     pub label: Arc<str>,
+    /// What the retry layer needs: the route's policy and its upstream's shared state.
+    pub retry: RetryTarget,
 }
 
 /// The route a request matched; in request extensions from here on, and in response
@@ -39,20 +42,27 @@ pub struct RouteTable {
 // === impl RouteTable ===
 
 impl RouteTable {
-    /// Builds the table from validated routes.
-    pub fn new(routes: &[RouteSettings]) -> Self {
+    /// Builds the table from validated routes; `dependencies` are indexed like the upstreams.
+    /// Routes whose upstream index has no dependency are skipped (validation prevents it).
+    pub fn new(routes: &[RouteSettings], dependencies: &[Arc<Dependency>]) -> Self {
         let mut by_length: Vec<Arc<Route>> = routes
             .iter()
             .enumerate()
-            .map(|(index, settings)| {
-                Arc::new(Route {
+            .filter_map(|(index, settings)| {
+                let dependency = dependencies.get(settings.upstream)?.clone();
+                Some(Arc::new(Route {
                     index,
                     label: Arc::from(settings.prefix.as_str()),
+                    retry: RetryTarget {
+                        policy: settings.retry.clone(),
+                        dependency,
+                        idempotent_route: settings.idempotent,
+                    },
                     settings: settings.clone(),
-                })
+                }))
             })
             .collect();
-        by_length.sort_by(|a, b| b.settings.prefix.len().cmp(&a.settings.prefix.len()));
+        by_length.sort_by_key(|route| std::cmp::Reverse(route.settings.prefix.len()));
         Self {
             by_length: by_length.into(),
         }
@@ -122,6 +132,7 @@ where
             let response = Problem::no_route(request.uri().path()).into_response();
             return std::future::ready(Ok(response)).boxed();
         };
+        request.extensions_mut().insert(route.retry.clone());
         let matched = MatchedRoute(route);
         request.extensions_mut().insert(matched.clone());
         let future = self.inner.call(request);

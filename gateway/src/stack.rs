@@ -17,6 +17,7 @@ use crate::ops::{self, Health};
 use crate::proxy::{Proxy, Upstream};
 use crate::request_id::RequestIdLayer;
 use crate::rescue::RescueLayer;
+use crate::retry::{Dependency, RetryLayer, SystemWallClock};
 use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
@@ -26,6 +27,8 @@ use crate::shed::LoadShedLayer;
 pub struct StackParts {
     /// Upstream pools, indexed as in the configuration.
     pub upstreams: Vec<Arc<Upstream>>,
+    /// Retry budget and breaker per upstream, indexed like `upstreams`.
+    pub dependencies: Vec<Arc<Dependency>>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
     pub health: Arc<Health>,
 }
@@ -40,9 +43,13 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             config.server.max_body_bytes,
             config.server.max_header_bytes,
         )) // 413 / 431
-        .layer(RouteLayer::new(RouteTable::new(&config.routes))) // longest prefix → MatchedRoute, else 404
+        .layer(RouteLayer::new(RouteTable::new(
+            &config.routes,
+            &parts.dependencies,
+        ))) // longest prefix → MatchedRoute + RetryTarget, else 404
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
-        .layer(RescueLayer) // upstream errors → problem+json (502/504/413)
+        .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
+        .layer(RetryLayer::new(|_| false, Arc::new(SystemWallClock))) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt
     let pipeline = BoxCloneService::new(pipeline);
     let health = parts.health;

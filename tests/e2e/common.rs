@@ -39,15 +39,17 @@ pub async fn gateway_for(upstream: &ScriptedUpstream) -> GatewayProcess {
 
 /// Asserts a problem+json response with `status`, returning the parsed body.
 pub async fn assert_problem(response: reqwest::Response, status: u16) -> serde_json::Value {
-    assert_eq!(response.status().as_u16(), status, "unexpected status");
+    let actual = response.status().as_u16();
     let content_type = response
         .headers()
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    assert_eq!(content_type, "application/problem+json");
-    let body: serde_json::Value = response.json().await.expect("problem body is JSON");
+    let text = response.text().await.expect("response body");
+    assert_eq!(actual, status, "unexpected status; body: {text}");
+    assert_eq!(content_type, "application/problem+json", "body: {text}");
+    let body: serde_json::Value = serde_json::from_str(&text).expect("problem body is JSON");
     assert_eq!(body["status"], status);
     assert!(
         body["type"]

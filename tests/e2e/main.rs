@@ -1,6 +1,9 @@
 //! End-to-end tests: the real `portcullis` binary, real Redis and PostgreSQL (started by
 //! `scripts/test.sh`), and scripted upstreams, all over real sockets on loopback.
 
+// Test code: a failed step should panic with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 // Proxying: methods, bodies, streaming, forwarded and hop-by-hop headers, request ids.
@@ -13,3 +16,5 @@ mod config_errors;
 mod shutdown;
 // The harness itself: real Redis, real PostgreSQL with migrations, gateway on both.
 mod harness_services;
+// The single retry layer: classification, safety ladder, Retry-After, endpoints, budget, breaker.
+mod retry_classification;

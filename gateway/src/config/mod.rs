@@ -10,6 +10,7 @@ mod backend;
 mod duration;
 mod error;
 pub mod raw;
+mod upstream;
 mod validate;
 
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use duration::HumanDuration;
 pub use error::{ConfigError, ConfigIssue};
@@ -189,44 +191,6 @@ pub struct TenantSettings {
     pub monthly_quota: Option<u64>,
 }
 
-/// Validated retry parameters (seed 002 ranges).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetrySettings {
-    /// Retries after the first attempt.
-    pub max_retries: u32,
-    /// Backoff base.
-    pub base: Duration,
-    /// Backoff cap.
-    pub cap: Duration,
-    /// Total time for all attempts.
-    pub total: Duration,
-    /// `full` or `decorrelated`.
-    pub decorrelated_jitter: bool,
-    /// Retry budget percentage.
-    pub budget_percent: u32,
-    /// Budget window.
-    pub budget_window: Duration,
-    /// Budget floor.
-    pub budget_min_per_second: u32,
-    /// Replay buffer limit.
-    pub body_replay_limit: usize,
-}
-
-/// Validated circuit breaker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BreakerSettings {
-    /// Opening failure ratio.
-    pub failure_rate: f64,
-    /// Minimum requests.
-    pub min_requests: u32,
-    /// Window.
-    pub window: Duration,
-    /// Open period.
-    pub open_for: Duration,
-    /// Half-open probes.
-    pub half_open_probes: u32,
-}
-
 /// A validated upstream.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
@@ -240,10 +204,12 @@ pub struct UpstreamSettings {
     pub attempt_timeout: Duration,
     /// Backend dedupes on the forwarded key.
     pub dedupes_idempotency_keys: bool,
-    /// Retry policy.
-    pub retry: RetrySettings,
-    /// Breaker.
-    pub circuit_breaker: BreakerSettings,
+    /// Retry policy (routes may override parts of it).
+    pub retry: RetryPolicy,
+    /// Retry budget of this upstream.
+    pub budget: BudgetConfig,
+    /// Circuit breaker of this upstream.
+    pub circuit_breaker: BreakerConfig,
     /// Idle pooled connections per endpoint.
     pub pool_max_idle: usize,
 }
@@ -291,8 +257,8 @@ pub struct RouteSettings {
     pub idempotent: bool,
     /// Strip the prefix when forwarding.
     pub strip_prefix: bool,
-    /// Effective retry policy (route override or the upstream's).
-    pub retry: RetrySettings,
+    /// Effective retry policy (the upstream's, with the route's overrides).
+    pub retry: Arc<RetryPolicy>,
     /// Idempotency, when enabled.
     pub idempotency: Option<IdempotencySettings>,
 }

@@ -238,7 +238,7 @@ pub struct RawRetry {
     /// Rolling window of the budget.
     pub budget_window: HumanDuration,
     /// Retries per second always allowed, so low traffic can retry.
-    pub budget_min_per_second: u32,
+    pub budget_min_retries_per_second: u32,
     /// Largest request body kept for replay.
     pub body_replay_limit: usize,
 }
@@ -253,10 +253,28 @@ impl Default for RawRetry {
             jitter: "full".into(),
             budget_percent: 20,
             budget_window: HumanDuration::secs(30),
-            budget_min_per_second: 10,
+            budget_min_retries_per_second: 1,
             body_replay_limit: 64 * 1024,
         }
     }
+}
+
+/// `retry = { … }` on a route: overrides of the upstream's policy.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouteRetry {
+    /// Retries after the first attempt (0–5).
+    pub max_retries: Option<u32>,
+    /// Backoff base.
+    pub base: Option<HumanDuration>,
+    /// Backoff cap.
+    pub cap: Option<HumanDuration>,
+    /// Total time for all attempts (≤ 30 s).
+    pub total: Option<HumanDuration>,
+    /// `"full"` or `"decorrelated"`.
+    pub jitter: Option<String>,
+    /// Largest request body kept for replay.
+    pub body_replay_limit: Option<usize>,
 }
 
 /// `circuit_breaker = { … }`.
@@ -307,9 +325,10 @@ pub struct RawRoute {
     /// Remove the prefix before forwarding.
     #[serde(default)]
     pub strip_prefix: bool,
-    /// Retry policy override (replaces the upstream's).
+    /// Retry policy override; unset fields inherit the upstream's. The budget stays per
+    /// upstream, so budget fields are refused here.
     #[serde(default)]
-    pub retry: Option<RawRetry>,
+    pub retry: Option<RawRouteRetry>,
     /// Idempotency-Key handling.
     #[serde(default)]
     pub idempotency: Option<RawIdempotency>,

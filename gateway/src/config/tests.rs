@@ -33,19 +33,20 @@ fn example_config_is_valid() {
     let config = Config::parse(text, &env()).expect("example config");
     assert_eq!(config.routes[0].prefix, "/demo");
     assert!(config.demo.enabled);
-    assert_eq!(config.upstreams[0].retry.max_retries, 3);
+    assert_eq!(config.upstreams[0].retry.max_retries(), 3);
 }
 
 #[test]
 fn defaults_follow_seed_002() {
     let config = Config::parse(MINIMAL, &env()).expect("minimal config");
     let retry = &config.routes[0].retry;
-    assert_eq!(retry.base, Duration::from_secs(1));
-    assert_eq!(retry.cap, Duration::from_secs(30));
-    assert_eq!(retry.max_retries, 3);
-    assert_eq!(retry.total, Duration::from_secs(30));
-    assert_eq!(retry.budget_percent, 20);
-    assert!(!retry.decorrelated_jitter);
+    assert_eq!(retry.base(), Duration::from_secs(1));
+    assert_eq!(retry.cap(), Duration::from_secs(30));
+    assert_eq!(retry.max_retries(), 3);
+    assert_eq!(retry.total(), Duration::from_secs(30));
+    assert_eq!(retry.jitter(), crate::retry::Jitter::Full);
+    assert_eq!(config.upstreams[0].budget.percent(), 20);
+    assert_eq!(config.upstreams[0].budget.window(), Duration::from_secs(30));
     assert_eq!(config.storage.state, StateBackend::Memory);
 }
 
@@ -78,6 +79,10 @@ fn out_of_range_values_name_the_field() {
             "upstreams[0].retry.budget_percent",
         ),
         ("connect_timeout = \"10s\"", "upstreams[0].connect_timeout"),
+        (
+            "connect_timeout = \"100ms\"",
+            "upstreams[0].connect_timeout",
+        ),
         (
             "circuit_breaker = { failure_rate = 1.5 }",
             "upstreams[0].circuit_breaker.failure_rate",
@@ -164,4 +169,16 @@ fn secrets_are_redacted() {
         effective.contains("max_retries = 3"),
         "defaults are filled in: {effective}"
     );
+}
+
+#[test]
+fn route_retry_overrides_inherit_the_rest_and_refuse_budget_fields() {
+    let text = format!("{MINIMAL}retry = {{ max_retries = 1 }}\n");
+    let config = Config::parse(&text, &env()).expect("valid");
+    assert_eq!(config.routes[0].retry.max_retries(), 1);
+    assert_eq!(config.routes[0].retry.total(), Duration::from_secs(30));
+    let paths = invalid_paths(&format!("{MINIMAL}retry = {{ budget_percent = 10 }}\n"));
+    assert!(paths[0].starts_with("routes[0].retry"), "{paths:?}");
+    let paths = invalid_paths(&format!("{MINIMAL}retry = {{ max_retries = 7 }}\n"));
+    assert_eq!(paths, vec!["routes[0].retry.max_retries".to_owned()]);
 }

@@ -5,11 +5,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::error::Issues;
-use super::raw::{RawBreaker, RawBucket, RawConfig, RawIdempotency, RawRetry, RawUpstream};
+use super::raw::{RawBucket, RawConfig, RawIdempotency};
+use super::upstream::{route_retry, upstream};
 use super::*;
 
-/// Seed 002 R-3: synchronous calls never retry for longer than this.
-pub const MAX_TOTAL_RETRY_DURATION: Duration = Duration::from_secs(30);
 /// Seed 002 R-6: idempotency records are kept at least this long.
 pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -275,189 +274,6 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
         .collect()
 }
 
-fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> UpstreamSettings {
-    if !valid_id(&raw.name) {
-        issues.push(
-            format!("{path}.name"),
-            format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", raw.name),
-        );
-    }
-    if raw.endpoints.is_empty() {
-        issues.push(
-            format!("{path}.endpoints"),
-            "is empty: at least one \"http://host:port\" is required",
-        );
-    }
-    let endpoints = raw
-        .endpoints
-        .iter()
-        .enumerate()
-        .filter_map(|(i, text)| match endpoint(text) {
-            Ok(uri) => Some(uri),
-            Err(reason) => {
-                issues.push(format!("{path}.endpoints[{i}]"), reason);
-                None
-            }
-        })
-        .collect();
-    duration_range(
-        issues,
-        &format!("{path}.connect_timeout"),
-        raw.connect_timeout.get(),
-        Duration::from_millis(10),
-        Duration::from_secs(3),
-    );
-    duration_range(
-        issues,
-        &format!("{path}.attempt_timeout"),
-        raw.attempt_timeout.get(),
-        Duration::from_millis(10),
-        Duration::from_secs(300),
-    );
-    issues.range(
-        format!("{path}.pool_max_idle"),
-        raw.pool_max_idle,
-        0,
-        100_000,
-    );
-    UpstreamSettings {
-        name: raw.name.clone(),
-        endpoints,
-        connect_timeout: raw.connect_timeout.get(),
-        attempt_timeout: raw.attempt_timeout.get(),
-        dedupes_idempotency_keys: raw.dedupes_idempotency_keys,
-        retry: retry(&format!("{path}.retry"), &raw.retry, issues),
-        circuit_breaker: breaker(
-            &format!("{path}.circuit_breaker"),
-            &raw.circuit_breaker,
-            issues,
-        ),
-        pool_max_idle: raw.pool_max_idle,
-    }
-}
-
-fn endpoint(text: &str) -> Result<http::Uri, String> {
-    let uri: http::Uri = text
-        .parse()
-        .map_err(|e| format!("= {text:?}: not a URI ({e})"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(format!(
-            "= {text:?}: allowed scheme \"http\" (https upstreams arrive with edge TLS)"
-        ));
-    }
-    if uri.authority().is_none() {
-        return Err(format!("= {text:?}: host and port are required"));
-    }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err(format!(
-            "= {text:?}: an endpoint is scheme://host:port without a path"
-        ));
-    }
-    Ok(uri)
-}
-
-/// Seed 002 ranges. Equal jitter and fixed intervals are refused.
-pub(crate) fn retry(path: &str, raw: &RawRetry, issues: &mut Issues) -> RetrySettings {
-    issues.range(format!("{path}.max_retries"), raw.max_retries, 0, 5);
-    if raw.base.get().is_zero() {
-        issues.push(format!("{path}.base"), "= 0s: must be greater than 0");
-    }
-    if raw.cap < raw.base {
-        issues.push(
-            format!("{path}.cap"),
-            format!("= {}: must be ≥ base ({})", raw.cap, raw.base),
-        );
-    }
-    duration_range(
-        issues,
-        &format!("{path}.total"),
-        raw.total.get(),
-        Duration::from_millis(1),
-        MAX_TOTAL_RETRY_DURATION,
-    );
-    let decorrelated_jitter = match raw.jitter.as_str() {
-        "full" => false,
-        "decorrelated" => true,
-        other => {
-            issues.push(format!("{path}.jitter"), format!("= {other:?}: allowed \"full\" or \"decorrelated\" (seed 002 R-1 forbids equal jitter and fixed intervals)"));
-            false
-        }
-    };
-    issues.range(format!("{path}.budget_percent"), raw.budget_percent, 0, 50);
-    duration_range(
-        issues,
-        &format!("{path}.budget_window"),
-        raw.budget_window.get(),
-        Duration::from_secs(1),
-        Duration::from_secs(600),
-    );
-    issues.range(
-        format!("{path}.budget_min_per_second"),
-        raw.budget_min_per_second,
-        0,
-        1000,
-    );
-    issues.range(
-        format!("{path}.body_replay_limit"),
-        raw.body_replay_limit,
-        0,
-        16 << 20,
-    );
-    RetrySettings {
-        max_retries: raw.max_retries,
-        base: raw.base.get(),
-        cap: raw.cap.get(),
-        total: raw.total.get(),
-        decorrelated_jitter,
-        budget_percent: raw.budget_percent,
-        budget_window: raw.budget_window.get(),
-        budget_min_per_second: raw.budget_min_per_second,
-        body_replay_limit: raw.body_replay_limit,
-    }
-}
-
-fn breaker(path: &str, raw: &RawBreaker, issues: &mut Issues) -> BreakerSettings {
-    if !(raw.failure_rate > 0.0 && raw.failure_rate <= 1.0) {
-        issues.push(
-            format!("{path}.failure_rate"),
-            format!("= {}: allowed (0, 1]", raw.failure_rate),
-        );
-    }
-    issues.range(
-        format!("{path}.min_requests"),
-        raw.min_requests,
-        1,
-        1_000_000,
-    );
-    issues.range(
-        format!("{path}.half_open_probes"),
-        raw.half_open_probes,
-        1,
-        1000,
-    );
-    duration_range(
-        issues,
-        &format!("{path}.window"),
-        raw.window.get(),
-        Duration::from_secs(1),
-        Duration::from_secs(3600),
-    );
-    duration_range(
-        issues,
-        &format!("{path}.open_for"),
-        raw.open_for.get(),
-        Duration::from_millis(100),
-        Duration::from_secs(3600),
-    );
-    BreakerSettings {
-        failure_rate: raw.failure_rate,
-        min_requests: raw.min_requests,
-        window: raw.window.get(),
-        open_for: raw.open_for.get(),
-        half_open_probes: raw.half_open_probes,
-    }
-}
-
 fn routes(
     raw: &RawConfig,
     upstreams: &[UpstreamSettings],
@@ -493,15 +309,12 @@ fn routes(
                     0
                 });
             issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
-            let retry = match &r.retry {
-                Some(own) => self::retry(&format!("{path}.retry"), own, issues),
-                None => upstreams
-                    .get(upstream)
-                    .map(|u| u.retry.clone())
-                    .unwrap_or_else(|| {
-                        self::retry("", &RawRetry::default(), &mut Issues::default())
-                    }),
-            };
+            let retry = Arc::new(route_retry(
+                &format!("{path}.retry"),
+                upstreams.get(upstream).map(|u| &u.retry),
+                r.retry.as_ref(),
+                issues,
+            ));
             let idempotency = r
                 .idempotency
                 .as_ref()
@@ -526,7 +339,7 @@ fn routes(
 fn idempotency(
     path: &str,
     raw: &RawIdempotency,
-    retry: &RetrySettings,
+    retry: &RetryPolicy,
     issues: &mut Issues,
 ) -> IdempotencySettings {
     let methods = raw
@@ -559,13 +372,13 @@ fn idempotency(
         0,
         64 << 20,
     );
-    if raw.lease.get() < retry.total || raw.lease >= raw.ttl {
+    if raw.lease.get() < retry.total() || raw.lease >= raw.ttl {
         issues.push(
             format!("{path}.lease"),
             format!(
                 "= {}: must be ≥ the retry total ({}) and shorter than ttl ({})",
                 raw.lease,
-                HumanDuration(retry.total),
+                HumanDuration(retry.total()),
                 raw.ttl
             ),
         );
@@ -611,7 +424,13 @@ fn socket_addr(path: &str, text: &str, issues: &mut Issues) -> SocketAddr {
     })
 }
 
-fn duration_range(issues: &mut Issues, path: &str, value: Duration, lo: Duration, hi: Duration) {
+pub(super) fn duration_range(
+    issues: &mut Issues,
+    path: &str,
+    value: Duration,
+    lo: Duration,
+    hi: Duration,
+) {
     if value < lo || value > hi {
         issues.push(
             path,
@@ -625,7 +444,7 @@ fn duration_range(issues: &mut Issues, path: &str, value: Duration, lo: Duration
     }
 }
 
-fn valid_id(id: &str) -> bool {
+pub(super) fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len())
         && id
             .bytes()

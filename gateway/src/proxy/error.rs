@@ -1,8 +1,7 @@
 //! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
 
-use std::time::Duration;
-
 use crate::limits::is_body_limit_error;
+use crate::retry::{FailureKind, UpstreamFailure};
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,8 +15,6 @@ pub enum ProxyErrorKind {
     Dns,
     /// The connection broke after the request (or part of it) was written.
     ResetAfterSent,
-    /// No response head within the attempt timeout.
-    Timeout(Duration),
     /// The client's body exceeded the limit while streaming.
     BodyTooLarge,
     /// The request had no route (a stack assembly error, not a client error).
@@ -104,4 +101,23 @@ fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
         return ProxyErrorKind::ConnectRefused;
     }
     ProxyErrorKind::ResetAfterSent
+}
+
+impl UpstreamFailure for ProxyError {
+    fn kind(&self) -> FailureKind {
+        match self.kind {
+            ProxyErrorKind::ConnectRefused => FailureKind::ConnectRefused,
+            ProxyErrorKind::ConnectTimeout => FailureKind::ConnectTimeout,
+            ProxyErrorKind::Dns => FailureKind::Dns,
+            ProxyErrorKind::ResetAfterSent => FailureKind::ResetAfterSent,
+            // The client's own body or a local assembly error: never worth a retry.
+            ProxyErrorKind::BodyTooLarge | ProxyErrorKind::NoRoute | ProxyErrorKind::Other => {
+                FailureKind::Other
+            }
+        }
+    }
+
+    fn endpoint(&self) -> Option<usize> {
+        self.endpoint
+    }
 }

@@ -1,1 +1,184 @@
-//! The single retry layer toward backends (in progress).
+//! The single retry layer toward backends.
+//!
+//! [`RetryLayer`] wraps the pooled upstream client. For each request that the router
+//! tagged with a [`RetryTarget`] it classifies every attempt's outcome, decides with the
+//! safety ladder whether repeating it is safe, waits with jittered exponential backoff
+//! (at least the upstream's `Retry-After`), and stops at the request's deadline, the
+//! upstream's retry budget or its open circuit breaker. A request without a `RetryTarget`
+//! is forwarded exactly once, untouched.
+//!
+//! # Why one retry layer
+//!
+//! Retries multiply across layers: a client that tries 3 times in front of a gateway that
+//! tries 3 times in front of a service that tries 3 times turns one failing call into 27.
+//! So exactly one layer owns retries, and it is this one: it sits where the failure is
+//! seen first-hand (the connection to the backend) and where all traffic to a backend
+//! passes, so its budget and breaker see the whole picture. Every attempt carries
+//! `X-Retry-Attempt: n` so backends and sidecars can tell that the gateway retries and
+//! must not retry again themselves.
+//!
+//! # Why budgets and not only max retries
+//!
+//! `max_retries` bounds the cost of *one* request; it does nothing for the fleet. When a
+//! backend fails outright, every request uses all its retries and the backend receives
+//! `1 + max_retries` times its normal load exactly when it can least take it. A budget
+//! bounds the *ratio*: retries may be at most 20 % (seed 002 R-7) of the requests sent to
+//! one dependency over a rolling 30 s window, plus a small floor (1 retry/s by default) so a
+//! quiet upstream can still get a retry for a rare blip. During an outage amplification
+//! stays near 1.2 instead of 4, and during normal operation — where retries are rare — the
+//! budget never bites. The circuit breaker is the next step: when failures are sustained
+//! (≥ 50 % of ≥ 20 attempts over 30 s) it stops traffic altogether for `open_for`, answers
+//! 503 with `Retry-After`, and lets a few probes decide when to resume. See
+//! [`RetryBudget`] and [`CircuitBreaker`] for their accuracy and costs.
+//!
+//! # The safety ladder
+//!
+//! Whether a failure is *transient* (408, 429, 500, 502, 503, 504, connection refused or
+//! reset, timeouts, DNS, TLS handshake timeout) is one question; whether *repeating the
+//! request* is safe is another, decided per failure:
+//!
+//! 1. **Provably not processed** (connect refused/timeout, DNS, reset before a byte was
+//!    written, TLS handshake timeout): nothing reached the backend, so any method may be
+//!    retried — even a bare POST.
+//! 2. **Idempotent** — GET, HEAD, OPTIONS, PUT, DELETE, or a route declared idempotent —
+//!    every transient failure may be retried: doing it twice equals doing it once.
+//! 3. **Protected** — a request holding the gateway's idempotency lock (the same
+//!    `Idempotency-Key` goes out on every attempt): retried on 408/429/503, which say the
+//!    backend did not process it, and on 500/502/504/resets/timeouts only when the upstream
+//!    declares `dedupes_idempotency_keys`; otherwise such an ambiguous failure may have
+//!    charged the card, and the idempotency layer stores it instead.
+//! 4. **Anything else** is never retried once a byte may have reached the backend.
+//!
+//! TLS certificate errors are never retried (seed 002 R-9: a possible MITM must surface).
+//! DNS failures get at most 2 attempts. Retries prefer a different endpoint: each attempt
+//! carries an [`AttemptInfo`] naming the endpoint that just failed.
+//!
+//! # Deadlines and Retry-After
+//!
+//! Each request gets one deadline: `now + total` (≤ 30 s, seed 002 R-3), or the client's
+//! `X-Request-Deadline` (RFC 3339) when that is earlier. An unparsable incoming deadline is
+//! ignored; one already past fails with [`RetryError::DeadlineExceeded`] before anything
+//! is sent. Every attempt forwards the effective deadline in `X-Request-Deadline` (UTC,
+//! milliseconds, truncated) and waits for response headers at most
+//! `min(attempt_timeout, remaining)`.
+//!
+//! Between attempts the layer waits `max(backoff, Retry-After)`: the upstream's
+//! `Retry-After` (delta-seconds or HTTP-date, parsed leniently) is a floor, never shortened
+//! by jitter (seed 002 R-5). If that wait would reach the deadline, waiting is pointless:
+//! the layer returns the upstream's response at once, so the client sees the real 429/503
+//! and its `Retry-After` instead of a synthetic timeout 30 s later.
+//!
+//! # Bodies and what is never retried
+//!
+//! Request bodies up to `body_replay_limit` (64 KiB by default) are buffered so they can
+//! be replayed; larger bodies are streamed once, intact, and such a request is not retried.
+//! The decision to retry is taken on response headers only: once a response is returned,
+//! its body streams to the client and nothing is retried after that.
+//!
+//! # Wiring
+//!
+//! The router inserts a [`RetryTarget`] into the request extensions; the upstream client
+//! reads [`AttemptInfo`], sets [`ServedBy`] on responses, and its error type implements
+//! [`UpstreamFailure`]. Errors come back as [`RetryError`], whose query methods
+//! (`status`, `retry_after`, `is_provably_unprocessed`, `problem_type`, `title`) give the
+//! gateway everything to build a problem+json response.
+//!
+//! ```ignore
+//! // Start-up: one Dependency per upstream, one policy per upstream or route.
+//! let orders = Arc::new(Dependency::new("orders", 2, false, BudgetConfig::default(),
+//!     BreakerConfig::default()));
+//! let policy = Arc::new(RetryPolicy::try_new(RetryParams::default())?);
+//! // Stack: … → idempotency → router (inserts RetryTarget) → retry → upstream client.
+//! let retry = RetryLayer::new(|e| e.get::<IdempotencyLock>().is_some(),
+//!     Arc::new(SystemWallClock));
+//! let client = ServiceBuilder::new().layer(retry).service(proxy_client);
+//! // Router, per request:
+//! req.extensions_mut().insert(RetryTarget { policy, dependency: orders, idempotent_route: false });
+//! ```
+//!
+//! # Observability
+//!
+//! Each retry is logged (`info`) with `correlation_id` (`X-Request-Id`), `dependency`,
+//! `attempt`, `max_attempts`, `backoff_ms`, `error_type` and `idempotency_key`; never
+//! bodies or other headers. Metrics: `upstream_requests_total{dependency}`,
+//! `upstream_attempts_total{dependency}` (their ratio is the amplification),
+//! `retry_attempts_total{dependency,attempt_number}` (attempt 2 and later),
+//! `retry_exhausted_total{dependency}`, `retry_suppressed_total{dependency,reason}`,
+//! `retry_backoff_duration_seconds`, `retry_budget_utilization_ratio{dependency}`,
+//! `retry_budget_exhausted_total{dependency}`, `circuit_breaker_state{dependency}`
+//! (0 closed, 1 half-open, 2 open) and `circuit_breaker_rejected_total{dependency}`.
+
+mod backoff;
+mod body;
+mod breaker;
+mod budget;
+mod classify;
+mod clock;
+mod dependency;
+mod error;
+mod headers;
+mod layer;
+mod policy;
+mod service;
+mod window;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use self::{
+    backoff::{decorrelated_jitter, full_jitter, full_jitter_ceiling, Backoff},
+    breaker::{
+        BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PROBES_BUSY_RETRY_AFTER,
+    },
+    budget::{
+        BudgetConfig, BudgetSnapshot, RetryBudget, DEFAULT_BUDGET_PERCENT, DEFAULT_BUDGET_WINDOW,
+        DEFAULT_MIN_RETRIES_PER_SECOND, MAX_BUDGET_PERCENT,
+    },
+    classify::{
+        breaker_outcome, failure_class, is_idempotent_method, is_provably_unprocessed,
+        is_retryable_status, retry_rung, AttemptOutcome, BreakerOutcome, FailureClass,
+        RequestSafety, Rung, DNS_MAX_ATTEMPTS,
+    },
+    clock::{ManualWallClock, SystemWallClock, WallClock},
+    dependency::Dependency,
+    error::{problem, FailureKind, RetryError, UpstreamFailure},
+    headers::{
+        format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
+        X_REQUEST_ID, X_RETRY_ATTEMPT,
+    },
+    layer::{IsProtected, RetryLayer},
+    policy::{
+        InvalidRetryConfig, Jitter, RetryParams, RetryPolicy, DEFAULT_ATTEMPT_TIMEOUT,
+        DEFAULT_BASE, DEFAULT_BODY_REPLAY_LIMIT, DEFAULT_CAP, DEFAULT_MAX_RETRIES, DEFAULT_TOTAL,
+        MAX_BODY_REPLAY_LIMIT, MAX_RETRIES_LIMIT, MAX_TOTAL,
+    },
+    service::Retry,
+};
+
+/// Request extension inserted by the router: the policy and upstream for this request.
+/// Without it the layer forwards the request once, with no buffering and no timeout.
+#[derive(Debug, Clone)]
+pub struct RetryTarget {
+    /// Retry policy of the route/upstream.
+    pub policy: Arc<RetryPolicy>,
+    /// The upstream's shared state (budget, breaker, endpoint count).
+    pub dependency: Arc<Dependency>,
+    /// The route declares this request idempotent whatever its method (rung 2).
+    pub idempotent_route: bool,
+}
+
+/// Request extension set by the retry layer before each attempt, for the upstream client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptInfo {
+    /// Attempt number, 1-based (also sent as `X-Retry-Attempt`).
+    pub number: u32,
+    /// Endpoint index to avoid: the one the previous attempt failed on, when the upstream
+    /// has more than one endpoint.
+    pub avoid_endpoint: Option<usize>,
+}
+
+/// Response extension set by the upstream client: index of the endpoint that answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedBy(pub usize);

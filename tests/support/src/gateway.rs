@@ -45,27 +45,52 @@ impl GatewayProcess {
     }
 
     /// [`GatewayProcess::start`] with extra options.
+    ///
+    /// Free ports are picked by binding `:0` and releasing, so another process can grab one
+    /// before the gateway binds it. The gateway logs `portcullis listening` only after both
+    /// listeners are bound; until that line appears nothing answering on the port is trusted,
+    /// and if the gateway exits without it (port taken) it is started again on new ports.
     pub async fn start_with(bin: &str, config: &str, options: GatewayOptions) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for gateway");
-        let addr = options.listen.unwrap_or_else(free_addr);
-        let admin_addr = options.admin_listen.unwrap_or_else(free_addr);
-        let config = render_config(config, addr, admin_addr);
-        let config_path = dir.path().join("portcullis.toml");
-        std::fs::write(&config_path, config).expect("write gateway config");
-        let guard = spawn(bin, dir.path(), &config_path, &options.env);
-        let gateway = Self {
-            addr,
-            admin_addr,
-            guard,
-            dir,
-        };
-        if !gateway.wait_healthy().await {
-            panic!(
-                "gateway did not become healthy on {addr}; log:\n{}",
-                gateway.logs()
-            );
+        const ATTEMPTS: u32 = 3;
+        let mut last_log = String::new();
+        for _ in 0..ATTEMPTS {
+            let dir = tempfile::tempdir().expect("temp dir for gateway");
+            let addr = options.listen.unwrap_or_else(free_addr);
+            let admin_addr = options.admin_listen.unwrap_or_else(free_addr);
+            let rendered = render_config(config, addr, admin_addr);
+            let config_path = dir.path().join("portcullis.toml");
+            std::fs::write(&config_path, rendered).expect("write gateway config");
+            let guard = spawn(bin, dir.path(), &config_path, &options.env);
+            let mut gateway = Self {
+                addr,
+                admin_addr,
+                guard,
+                dir,
+            };
+            if gateway.wait_listening().await && gateway.wait_healthy().await {
+                return gateway;
+            }
+            last_log = gateway.logs();
+            let port_taken = last_log.contains("cannot listen");
+            if !port_taken || options.listen.is_some() {
+                break;
+            }
         }
-        gateway
+        panic!("gateway did not become healthy; log:\n{last_log}");
+    }
+
+    /// Waits (bounded) for the gateway's own "listening" log line; false if it exits first.
+    async fn wait_listening(&mut self) -> bool {
+        for _ in 0..READY_ATTEMPTS {
+            if self.logs().contains("portcullis listening") {
+                return true;
+            }
+            if !self.guard.is_running() {
+                return false;
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+        false
     }
 
     /// Polls `/healthz` on the proxy listener; false after the bounded number of attempts or

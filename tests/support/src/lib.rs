@@ -20,6 +20,9 @@
 //! # }
 //! ```
 
+// A test harness fails loudly: panicking with a message is how it reports a broken setup.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod gateway;
 pub mod ports;
 pub mod postgres;

@@ -1,5 +1,9 @@
 //! A scripted upstream: a real HTTP/1.1 server on loopback that answers from a script and
 //! records every hit, so tests can count executions and read attempt timing.
+//!
+//! Hits are stamped with real monotonic time (`std::time::Instant`): the gateway under test is
+//! another process, so its waits can only be observed in real time, as the upstream sees them.
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -210,7 +214,6 @@ impl std::error::Error for CloseConnection {}
 
 type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
-#[allow(clippy::disallowed_methods)] // the upstream's own clock, used only to compare hits
 fn now() -> std::time::Instant {
     std::time::Instant::now()
 }

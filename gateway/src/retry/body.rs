@@ -1,0 +1,212 @@
+//! Request bodies kept for replay.
+//!
+//! A body can be retried only if the layer still has every byte of it. Bodies up to the
+//! policy's `body_replay_limit` are read fully before the first attempt and replayed from
+//! memory; a larger body (known from `Content-Length`, or discovered while reading a
+//! chunked one) is sent exactly once: the prefix already read is put back in front of the
+//! unread rest, so the backend receives it intact, and that request is never retried. An
+//! empty or truncated body is never replayed in place of the real one.
+//!
+//! Bodies are buffered whenever the policy allows retries at all, whatever the method:
+//! even a bare POST is retried after a provably-unprocessed failure (connection refused),
+//! and by then the body must still be at hand. The cost is at most `body_replay_limit`
+//! bytes per in-flight request.
+
+use std::{
+    collections::VecDeque,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::{header::CONTENT_LENGTH, HeaderMap};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+
+/// The request body, either buffered for replay or to be sent once.
+#[derive(Debug)]
+pub(super) enum Prepared {
+    /// Complete body in memory: can be sent any number of times.
+    Replayable(Bytes),
+    /// Too large (or carries trailers): can be sent once. `None` once it was taken.
+    Once(Option<Body>),
+}
+
+/// Frames already read from a body, followed by the rest of it.
+struct PrefixedBody {
+    prefix: VecDeque<Frame<Bytes>>,
+    rest: Body,
+}
+
+// === impl Prepared ===
+
+impl Prepared {
+    /// Reads `body` if it fits in `limit` bytes. Errors are the client's body errors.
+    pub(super) async fn read(
+        headers: &HeaderMap,
+        mut body: Body,
+        limit: usize,
+    ) -> Result<Self, axum::Error> {
+        let declared = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .or_else(|| http_body::Body::size_hint(&body).exact());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Ok(Self::Once(Some(body)));
+        }
+        let mut frames: VecDeque<Frame<Bytes>> = VecDeque::new();
+        let mut len = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            let trailers = frame.is_trailers();
+            len = len.saturating_add(frame.data_ref().map_or(0, Bytes::len));
+            frames.push_back(frame);
+            if len > limit || trailers {
+                // Forward once; trailers are rare on requests and not worth a replay format.
+                let rest = PrefixedBody {
+                    prefix: frames,
+                    rest: body,
+                };
+                return Ok(Self::Once(Some(Body::new(rest))));
+            }
+        }
+        Ok(Self::Replayable(concat(frames, len)))
+    }
+
+    /// Whether another attempt could still get the body.
+    pub(super) fn is_replayable(&self) -> bool {
+        matches!(self, Self::Replayable(_))
+    }
+
+    /// The body for the next attempt (`Body::empty()` only if a once-body was already
+    /// taken, which the caller prevents by checking [`Prepared::is_replayable`]).
+    pub(super) fn take(&mut self) -> Body {
+        match self {
+            Self::Replayable(bytes) => Body::from(bytes.clone()),
+            Self::Once(body) => body.take().unwrap_or_else(Body::empty),
+        }
+    }
+}
+
+fn concat(frames: VecDeque<Frame<Bytes>>, len: usize) -> Bytes {
+    let mut data = frames.into_iter().filter_map(|f| f.into_data().ok());
+    match (data.next(), len) {
+        (None, _) => Bytes::new(),
+        (Some(first), n) if first.len() == n => first,
+        (Some(first), n) => {
+            let mut buf = BytesMut::with_capacity(n);
+            buf.extend_from_slice(&first);
+            data.for_each(|chunk| buf.extend_from_slice(&chunk));
+            buf.freeze()
+        }
+    }
+}
+
+// === impl PrefixedBody ===
+
+impl http_body::Body for PrefixedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if let Some(frame) = self.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let buffered: u64 = self
+            .prefix
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(buffered));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(buffered));
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+
+    fn chunked(chunks: &[&'static [u8]]) -> Body {
+        let items: Vec<Result<Bytes, std::io::Error>> =
+            chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+        Body::from_stream(stream::iter(items))
+    }
+
+    async fn bytes_of(body: Body) -> Bytes {
+        body.collect().await.expect("body").to_bytes()
+    }
+
+    #[tokio::test]
+    async fn small_chunked_body_is_buffered() {
+        let mut p = Prepared::read(&HeaderMap::new(), chunked(&[b"ab", b"cd"]), 4)
+            .await
+            .expect("read");
+        assert!(p.is_replayable());
+        assert_eq!(bytes_of(p.take()).await, "abcd");
+        assert_eq!(bytes_of(p.take()).await, "abcd");
+    }
+
+    #[tokio::test]
+    async fn large_chunked_body_is_sent_once_intact() {
+        let mut p = Prepared::read(&HeaderMap::new(), chunked(&[b"ab", b"cd", b"ef", b"gh"]), 5)
+            .await
+            .expect("read");
+        assert!(!p.is_replayable());
+        assert_eq!(bytes_of(p.take()).await, "abcdefgh");
+    }
+
+    #[tokio::test]
+    async fn declared_length_over_the_limit_is_not_read() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_LENGTH, http::HeaderValue::from_static("10"));
+        let mut p = Prepared::read(&headers, Body::from("0123456789"), 9)
+            .await
+            .expect("read");
+        assert!(matches!(p, Prepared::Once(Some(_))));
+        assert_eq!(bytes_of(p.take()).await, "0123456789");
+    }
+
+    #[tokio::test]
+    async fn empty_body_is_replayable() {
+        let mut p = Prepared::read(&HeaderMap::new(), Body::empty(), 0)
+            .await
+            .expect("read");
+        assert!(p.is_replayable());
+        assert_eq!(bytes_of(p.take()).await, "");
+    }
+
+    #[tokio::test]
+    async fn body_errors_are_reported() {
+        let items: Vec<Result<Bytes, std::io::Error>> = vec![
+            Ok(Bytes::from_static(b"ab")),
+            Err(std::io::Error::other("client went away")),
+        ];
+        let err = Prepared::read(
+            &HeaderMap::new(),
+            Body::from_stream(stream::iter(items)),
+            100,
+        )
+        .await
+        .expect_err("error");
+        assert!(err.to_string().contains("client went away"), "{err}");
+    }
+}

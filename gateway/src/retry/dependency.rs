@@ -1,0 +1,69 @@
+//! Per-upstream shared state: budget, breaker and the facts the safety ladder needs.
+
+use std::sync::Arc;
+
+use super::{
+    breaker::{BreakerConfig, CircuitBreaker},
+    budget::{BudgetConfig, RetryBudget},
+};
+
+/// One upstream ("dependency" in metrics and logs). Built once per upstream at start-up and
+/// shared as `Arc<Dependency>` by every route that targets it, so its retry budget and
+/// circuit breaker see all of the upstream's traffic through this gateway replica.
+#[derive(Debug)]
+pub struct Dependency {
+    name: Arc<str>,
+    endpoints: usize,
+    dedupes_idempotency_keys: bool,
+    budget: RetryBudget,
+    breaker: CircuitBreaker,
+}
+
+// === impl Dependency ===
+
+impl Dependency {
+    /// State for upstream `name` with `endpoints` endpoints. `dedupes_idempotency_keys`
+    /// declares that the upstream itself dedupes on the forwarded `Idempotency-Key`, which
+    /// lets the layer retry keyed POST/PATCH on ambiguous failures (500/502/504/timeouts).
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        endpoints: usize,
+        dedupes_idempotency_keys: bool,
+        budget: BudgetConfig,
+        breaker: BreakerConfig,
+    ) -> Self {
+        let name = name.into();
+        Self {
+            budget: RetryBudget::new(name.clone(), budget),
+            breaker: CircuitBreaker::new(name.clone(), breaker),
+            name,
+            endpoints,
+            dedupes_idempotency_keys,
+        }
+    }
+
+    /// The upstream's name (the `dependency` label).
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Number of endpoints; retries avoid the failed one only when there is more than one.
+    pub fn endpoints(&self) -> usize {
+        self.endpoints
+    }
+
+    /// Whether the upstream dedupes on `Idempotency-Key`.
+    pub fn dedupes_idempotency_keys(&self) -> bool {
+        self.dedupes_idempotency_keys
+    }
+
+    /// The upstream's retry budget.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    /// The upstream's circuit breaker.
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+}

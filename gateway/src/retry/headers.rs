@@ -1,0 +1,113 @@
+//! Header names the layer reads or writes, and their pure parsers/formatters.
+
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use http::{HeaderName, HeaderValue};
+
+/// Attempt number (1-based) sent on every attempt, so backends and sidecars see that the
+/// gateway owns retries.
+pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt");
+/// Absolute deadline (RFC 3339, UTC, millisecond precision), read from the client and sent
+/// upstream on every attempt.
+pub const X_REQUEST_DEADLINE: HeaderName = HeaderName::from_static("x-request-deadline");
+/// Correlation id, logged as `correlation_id`; forwarded unchanged.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Idempotency key, logged as `idempotency_key`; forwarded unchanged on every attempt.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Parses an RFC 3339 timestamp; `None` when it is not one.
+pub fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
+    let s = value.to_str().ok()?;
+    DateTime::parse_from_rfc3339(s.trim())
+        .ok()
+        .map(SystemTime::from)
+}
+
+/// Formats `at` as RFC 3339 UTC with milliseconds (`2026-03-06T12:00:00.800Z`), truncating
+/// so the forwarded deadline is never later than the real one.
+pub fn format_deadline(at: SystemTime) -> HeaderValue {
+    let s = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true);
+    // RFC 3339 output is ASCII, so this cannot fail; fall back to the static epoch anyway.
+    HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("1970-01-01T00:00:00.000Z"))
+}
+
+/// Parses `Retry-After` (RFC 9110 §10.2.3) leniently: delta-seconds or an HTTP-date, with
+/// surrounding whitespace. A date in the past is a zero wait; anything else is `None`.
+/// Absurdly large delta-seconds saturate (and then exceed any deadline).
+pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let s = value.to_str().ok()?.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(s.parse::<u64>().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(s).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).expect("header")
+    }
+
+    fn at(secs: u64, ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn deadline_round_trips_at_millisecond_precision() {
+        let t = at(1_772_798_400, 800) + Duration::from_micros(999);
+        let v = format_deadline(t);
+        assert_eq!(v, "2026-03-06T12:00:00.800Z");
+        assert_eq!(parse_deadline(&v), Some(at(1_772_798_400, 800)));
+    }
+
+    #[test]
+    fn deadline_accepts_offsets_and_rejects_garbage() {
+        assert_eq!(
+            parse_deadline(&hv("2026-03-06T13:00:00.800+01:00")),
+            Some(at(1_772_798_400, 800))
+        );
+        for bad in [
+            "",
+            "tomorrow",
+            "1772798400",
+            "2026-03-06 12:00:00",
+            "Fri, 06 Mar 2026 12:00:00 GMT",
+        ] {
+            assert_eq!(parse_deadline(&hv(bad)), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_seconds_and_dates() {
+        let now = at(1_772_798_400, 0);
+        assert_eq!(
+            parse_retry_after(&hv("2"), now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_retry_after(&hv(" 120 "), now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(&hv("0"), now), Some(Duration::ZERO));
+        assert_eq!(
+            parse_retry_after(&hv("99999999999999999999999"), now),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse_retry_after(&hv("Fri, 06 Mar 2026 12:00:05 GMT"), now),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            parse_retry_after(&hv("Fri, 06 Mar 2026 11:00:00 GMT"), now),
+            Some(Duration::ZERO),
+            "a past date means no extra wait"
+        );
+        for bad in ["", "-1", "1.5", "soon", "2s"] {
+            assert_eq!(parse_retry_after(&hv(bad), now), None, "{bad:?}");
+        }
+    }
+}

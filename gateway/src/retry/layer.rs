@@ -1,0 +1,96 @@
+//! `RetryLayer`: configuration shared by every `Retry<S>` it builds.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use rand::{rngs::StdRng, SeedableRng};
+use tower::Layer;
+
+use super::{clock::WallClock, service::Retry};
+
+/// Tells whether a request holds the gateway's idempotency lock, from its extensions.
+pub type IsProtected = fn(&http::Extensions) -> bool;
+
+/// Wraps the upstream client in the retry loop. Cheap to clone.
+#[derive(Clone)]
+pub struct RetryLayer {
+    pub(super) shared: Arc<Shared>,
+}
+
+pub(super) struct Shared {
+    pub(super) is_protected: IsProtected,
+    pub(super) clock: Arc<dyn WallClock>,
+    rng: RngSource,
+}
+
+enum RngSource {
+    /// Per request, seeded from the thread-local generator.
+    Thread,
+    /// Per request, seeded from `seed + n` (reproducible tests).
+    Seeded { seed: u64, next: AtomicU64 },
+}
+
+// === impl RetryLayer ===
+
+impl RetryLayer {
+    /// `is_protected` says whether a POST/PATCH holds the idempotency lock (the gateway
+    /// passes `|e| e.get::<IdempotencyLock>().is_some()`); `clock` gives wall-clock time
+    /// for `X-Request-Deadline` and `Retry-After` dates.
+    pub fn new(is_protected: IsProtected, clock: Arc<dyn WallClock>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                is_protected,
+                clock,
+                rng: RngSource::Thread,
+            }),
+        }
+    }
+
+    /// Makes backoff draws reproducible (tests and benchmarks).
+    pub fn with_rng_seed(self, seed: u64) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                is_protected: self.shared.is_protected,
+                clock: self.shared.clock.clone(),
+                rng: RngSource::Seeded {
+                    seed,
+                    next: AtomicU64::new(0),
+                },
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+
+    fn layer(&self, inner: S) -> Retry<S> {
+        Retry::new(inner, self.shared.clone())
+    }
+}
+
+impl fmt::Debug for RetryLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer").finish_non_exhaustive()
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    /// A generator for one request's backoff sequence.
+    pub(super) fn rng(&self) -> StdRng {
+        match &self.rng {
+            RngSource::Thread => StdRng::from_rng(rand::thread_rng())
+                .unwrap_or_else(|_| StdRng::seed_from_u64(rand::random())),
+            RngSource::Seeded { seed, next } => {
+                StdRng::seed_from_u64(seed.wrapping_add(next.fetch_add(1, Ordering::Relaxed)))
+            }
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! `Retry<S>`: the attempt loop around the upstream client.
+
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, SystemTime},
+};
+
+use axum::body::Body;
+use futures_util::future::BoxFuture;
+use http::{header::RETRY_AFTER, HeaderMap, HeaderValue, Request, Response};
+use tokio::time::{sleep, timeout, timeout_at, Instant};
+use tower::{Service, ServiceExt};
+
+use super::{
+    backoff::Backoff,
+    body::Prepared,
+    classify::{self, AttemptOutcome, RequestSafety, DNS_MAX_ATTEMPTS},
+    error::{FailureKind, RetryError, UpstreamFailure},
+    headers::{
+        format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
+        X_REQUEST_ID, X_RETRY_ATTEMPT,
+    },
+    layer::Shared,
+    AttemptInfo, RetryTarget, ServedBy,
+};
+
+/// The retry middleware built by [`RetryLayer`](super::RetryLayer).
+#[derive(Clone)]
+pub struct Retry<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// The effective deadline of one request, on both clocks.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    wall: SystemTime,
+}
+
+/// The result of the latest attempt, kept until the layer decides whether to retry.
+enum Last<E> {
+    Response(Response<Body>),
+    Error(RetryError<E>),
+}
+
+/// Why a retryable failure was returned without another attempt.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Attempts,
+    Dns,
+    Deadline,
+    Body,
+    Budget,
+    Breaker,
+}
+
+// === impl Retry ===
+
+impl<S> Retry<S> {
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+}
+
+impl<S> std::fmt::Debug for Retry<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retry").finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<Request<Body>> for Retry<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: UpstreamFailure,
+{
+    type Response = Response<Body>;
+    type Error = RetryError<S::Error>;
+    type Future = BoxFuture<'static, Result<Response<Body>, RetryError<S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(RetryError::Upstream)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // Keep the instance that was driven ready; leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        Box::pin(run(self.shared.clone(), ready, req))
+    }
+}
+
+async fn run<S>(
+    shared: Arc<Shared>,
+    mut svc: S,
+    req: Request<Body>,
+) -> Result<Response<Body>, RetryError<S::Error>>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send,
+    S::Error: UpstreamFailure,
+{
+    let Some(RetryTarget {
+        policy,
+        dependency: dep,
+        idempotent_route,
+    }) = req.extensions().get::<RetryTarget>().cloned()
+    else {
+        // No policy: one attempt, no buffering, no timeout, no headers.
+        return svc.call(req).await.map_err(RetryError::Upstream);
+    };
+    let name = dep.name().to_string();
+    let incoming = req.headers().get(X_REQUEST_DEADLINE);
+    let Some(deadline) =
+        Deadline::new(Instant::now(), shared.clock.now(), policy.total(), incoming)
+    else {
+        tracing::debug!(dependency = %name, "request deadline passed before the first attempt");
+        return Err(RetryError::DeadlineExceeded);
+    };
+    let mut permit = Some(
+        dep.breaker()
+            .try_acquire()
+            .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?,
+    );
+
+    let (parts, body) = req.into_parts();
+    let mut body = if policy.max_retries() > 0 {
+        let limit = policy.body_replay_limit();
+        match timeout_at(deadline.at, Prepared::read(&parts.headers, body, limit)).await {
+            Ok(prepared) => prepared.map_err(RetryError::RequestBody)?,
+            Err(_) => return Err(RetryError::DeadlineExceeded),
+        }
+    } else {
+        Prepared::Once(Some(body))
+    };
+    let safety = RequestSafety::new(
+        &parts.method,
+        idempotent_route,
+        (shared.is_protected)(&parts.extensions),
+        dep.dedupes_idempotency_keys(),
+    );
+    let correlation_id = header_str(&parts.headers, &X_REQUEST_ID).to_owned();
+    let idempotency_key = header_str(&parts.headers, &IDEMPOTENCY_KEY).to_owned();
+    let deadline_header = format_deadline(deadline.wall);
+    let max_attempts = policy.max_attempts();
+    let mut backoff = Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng());
+
+    dep.budget().deposit();
+    metrics::counter!("upstream_requests_total", "dependency" => name.clone()).increment(1);
+
+    let mut attempt: u32 = 1;
+    let mut avoid_endpoint = None;
+    let mut dns_failures = 0;
+    loop {
+        let mut req = Request::from_parts(parts.clone(), body.take());
+        req.headers_mut()
+            .insert(X_RETRY_ATTEMPT, HeaderValue::from(attempt));
+        req.headers_mut()
+            .insert(X_REQUEST_DEADLINE, deadline_header.clone());
+        req.extensions_mut().insert(AttemptInfo {
+            number: attempt,
+            avoid_endpoint,
+        });
+        let limit = policy
+            .attempt_timeout()
+            .min(deadline.at.saturating_duration_since(Instant::now()));
+        metrics::counter!("upstream_attempts_total", "dependency" => name.clone()).increment(1);
+
+        let (outcome, last) = match timeout(limit, send(&mut svc, attempt == 1, req)).await {
+            Ok(Ok(rsp)) => (AttemptOutcome::Status(rsp.status()), Last::Response(rsp)),
+            Ok(Err(e)) => (
+                AttemptOutcome::Failure(e.kind()),
+                Last::Error(RetryError::Upstream(e)),
+            ),
+            Err(_) => (
+                AttemptOutcome::Timeout,
+                Last::Error(RetryError::AttemptTimeout { after: limit }),
+            ),
+        };
+        if let Some(permit) = permit.take() {
+            permit.record(classify::breaker_outcome(outcome));
+        }
+        let Some(rung) = classify::retry_rung(outcome, safety) else {
+            return last.into_result();
+        };
+        let error_type = classify::error_type(outcome);
+        if outcome == AttemptOutcome::Failure(FailureKind::Dns) {
+            dns_failures += 1;
+        }
+
+        // Retryable and safe. Is another attempt possible?
+        let retry_after = last.retry_after(shared.clock.now());
+        let backoff_delay = backoff.next_delay();
+        let wait = backoff_delay.max(retry_after.unwrap_or_default());
+        let stop = if attempt >= max_attempts {
+            Some(Stop::Attempts)
+        } else if dns_failures >= DNS_MAX_ATTEMPTS {
+            Some(Stop::Dns)
+        } else if !body.is_replayable() {
+            Some(Stop::Body)
+        } else if wait >= deadline.at.saturating_duration_since(Instant::now()) {
+            Some(Stop::Deadline)
+        } else if !dep.breaker().would_admit() {
+            Some(Stop::Breaker)
+        } else if !dep.budget().try_withdraw() {
+            Some(Stop::Budget)
+        } else {
+            None
+        };
+        if let Some(stop) = stop {
+            stop.report(&name, attempt, &error_type, &correlation_id);
+            return last.into_result();
+        }
+
+        attempt += 1;
+        let backoff_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            correlation_id = %correlation_id,
+            dependency = %name,
+            attempt,
+            max_attempts,
+            backoff_ms,
+            error_type = %error_type,
+            idempotency_key = %idempotency_key,
+            retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            rung = ?rung,
+            "retrying upstream request"
+        );
+        metrics::counter!(
+            "retry_attempts_total",
+            "dependency" => name.clone(),
+            "attempt_number" => attempt.to_string()
+        )
+        .increment(1);
+        metrics::histogram!("retry_backoff_duration_seconds").record(wait.as_secs_f64());
+
+        let endpoint = last.endpoint();
+        // Free the upstream connection before waiting.
+        drop(last);
+        sleep(wait).await;
+        permit = Some(
+            dep.breaker()
+                .try_acquire()
+                .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?,
+        );
+        avoid_endpoint = endpoint.filter(|_| dep.endpoints() > 1);
+    }
+}
+
+/// Sends one attempt; later attempts wait for readiness again first.
+async fn send<S>(svc: &mut S, first: bool, req: Request<Body>) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+{
+    if !first {
+        svc.ready().await?;
+    }
+    svc.call(req).await
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+// === impl Deadline ===
+
+impl Deadline {
+    /// `min(now + total, incoming)`; `None` when the incoming deadline has passed. An
+    /// unparsable incoming header is ignored.
+    fn new(
+        now: Instant,
+        wall_now: SystemTime,
+        total: Duration,
+        incoming: Option<&HeaderValue>,
+    ) -> Option<Self> {
+        let own = Self {
+            at: now + total,
+            wall: wall_now + total,
+        };
+        let Some(incoming) = incoming.and_then(parse_deadline) else {
+            return Some(own);
+        };
+        match incoming.duration_since(wall_now) {
+            Ok(left) if left.is_zero() => None,
+            Ok(left) if left < total => Some(Self {
+                at: now + left,
+                wall: incoming,
+            }),
+            Ok(_) => Some(own),
+            Err(_) => None,
+        }
+    }
+}
+
+// === impl Last ===
+
+impl<E: UpstreamFailure> Last<E> {
+    fn into_result(self) -> Result<Response<Body>, RetryError<E>> {
+        match self {
+            Self::Response(rsp) => Ok(rsp),
+            Self::Error(e) => Err(e),
+        }
+    }
+
+    /// The endpoint that produced this result, to avoid on the next attempt.
+    fn endpoint(&self) -> Option<usize> {
+        match self {
+            Self::Response(rsp) => rsp.extensions().get::<ServedBy>().map(|s| s.0),
+            Self::Error(RetryError::Upstream(e)) => e.endpoint(),
+            Self::Error(_) => None,
+        }
+    }
+
+    fn retry_after(&self, now: SystemTime) -> Option<Duration> {
+        match self {
+            Self::Response(rsp) => rsp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| parse_retry_after(v, now)),
+            Self::Error(_) => None,
+        }
+    }
+}
+
+// === impl Stop ===
+
+impl Stop {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Attempts => "attempts_exhausted",
+            Self::Dns => "dns_attempts_exhausted",
+            Self::Deadline => "deadline",
+            Self::Body => "body_not_replayable",
+            Self::Budget => "budget_exhausted",
+            Self::Breaker => "breaker_open",
+        }
+    }
+
+    /// Logs and counts a retryable failure returned without another attempt.
+    /// `retry_exhausted_total` counts the ones the policy's limits stopped (attempts,
+    /// DNS attempts, deadline); the budget counts its own (`retry_budget_exhausted_total`)
+    /// and every reason is in `retry_suppressed_total{dependency,reason}`.
+    fn report(self, name: &str, attempt: u32, error_type: &str, correlation_id: &str) {
+        tracing::debug!(
+            correlation_id,
+            dependency = name,
+            attempt,
+            error_type,
+            reason = self.as_str(),
+            "not retrying upstream failure"
+        );
+        if matches!(self, Self::Attempts | Self::Dns | Self::Deadline) {
+            metrics::counter!("retry_exhausted_total", "dependency" => name.to_owned())
+                .increment(1);
+        }
+        metrics::counter!(
+            "retry_suppressed_total",
+            "dependency" => name.to_owned(),
+            "reason" => self.as_str()
+        )
+        .increment(1);
+    }
+}

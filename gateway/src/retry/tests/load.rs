@@ -1,0 +1,143 @@
+//! Fleet behaviour under sustained failure: the retry budget bounds amplification, the
+//! circuit breaker opens and later closes through probes.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn budget_bounds_amplification_under_total_failure() {
+    let _trace = trace_init();
+    // Breaker out of the way (it cannot reach min_requests) to measure the budget alone.
+    let breaker = BreakerConfig::try_new(
+        1.0,
+        u32::MAX,
+        Duration::from_secs(30),
+        Duration::from_secs(10),
+        1,
+    )
+    .expect("valid");
+    let budget = BudgetConfig::default();
+    let dep = Arc::new(Dependency::new("orders", 1, false, budget, breaker));
+    let f = fixture_with([], RetryParams::default(), dep.clone());
+    f.upstream.set_fallback(st(503));
+
+    // 10 requests/s for 100 s, every one failing.
+    let rate = 10.0;
+    let requests = 1000;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..requests {
+        let svc = f.svc.clone();
+        let req = f.request(Method::GET, Body::empty());
+        tasks.spawn(async move { svc.oneshot(req).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    while let Some(res) = tasks.join_next().await {
+        assert_eq!(status(&res.expect("task")), 503);
+    }
+    let attempts = f.upstream.hits() as f64;
+    let ratio = attempts / f64::from(requests);
+    // Retries ≤ percent · requests + floor · window per window. The ring of 10 buckets lets
+    // the window shrink to 9/10 of its length, hence the 10/9.
+    let floor_share = f64::from(budget.min_retries_per_second()) / rate;
+    let bound = 1.0 + (f64::from(budget.percent()) / 100.0 + floor_share) * 10.0 / 9.0;
+    println!("attempts/requests = {ratio:.3} (bound {bound:.3})");
+    assert!(
+        ratio <= bound,
+        "attempts/requests = {ratio:.3} > {bound:.3}"
+    );
+    assert!(ratio >= 1.15, "the budget still allows retries: {ratio:.3}");
+    assert!(dep.budget().snapshot().retries > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_opens_on_sustained_failure_and_closes_after_probes() {
+    let _trace = trace_init();
+    let params = RetryParams {
+        max_retries: 0,
+        ..RetryParams::default()
+    };
+    let f = fixture_with([], params, dependency(1, false));
+    let breaker = f.target.dependency.breaker().clone();
+    f.upstream.set_fallback(st(503));
+
+    // 20 failed attempts (min_requests) at 100 % failure open it.
+    for _ in 0..20 {
+        assert_eq!(
+            status(&f.send(f.request(Method::GET, Body::empty())).await),
+            503
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+
+    // Open: fail fast, nothing reaches the upstream.
+    for _ in 0..5 {
+        let err = f
+            .send(f.request(Method::POST, "{}"))
+            .await
+            .expect_err("open");
+        let RetryError::BreakerOpen { retry_after } = err else {
+            panic!("expected BreakerOpen, got {err:?}");
+        };
+        assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(10));
+        assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(err.is_provably_unprocessed());
+    }
+    assert_eq!(f.upstream.hits(), 20);
+
+    // The upstream recovers; after open_for the probes get through and close the breaker.
+    f.upstream.set_fallback(st(200));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for i in 0..3 {
+        assert_eq!(
+            status(&f.send(f.request(Method::GET, Body::empty())).await),
+            200
+        );
+        let want = if i < 2 {
+            BreakerState::HalfOpen
+        } else {
+            BreakerState::Closed
+        };
+        assert_eq!(breaker.state(), want, "after probe {}", i + 1);
+    }
+    assert_eq!(f.upstream.hits(), 23);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stop_when_the_breaker_opens() {
+    let _trace = trace_init();
+    // With retries on, attempts count individually: 20 requests × up to 4 attempts open it
+    // well before 20 requests.
+    let f = fixture([]);
+    let breaker = f.target.dependency.breaker().clone();
+    f.upstream.set_fallback(st(503));
+    let mut fast_fails = 0;
+    for _ in 0..20 {
+        match f.send(f.request(Method::GET, Body::empty())).await {
+            Ok(rsp) => assert_eq!(rsp.status(), StatusCode::SERVICE_UNAVAILABLE),
+            Err(RetryError::BreakerOpen { .. }) => fast_fails += 1,
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+    assert!(fast_fails > 0);
+    assert!(f.upstream.hits() <= 21, "{} attempts", f.upstream.hits());
+}
+
+#[tokio::test(start_paused = true)]
+async fn exhausted_budget_returns_the_original_response() {
+    let _trace = trace_init();
+    let budget = BudgetConfig::try_new(0, Duration::from_secs(30), 0).expect("valid");
+    let dep = Arc::new(Dependency::new(
+        "orders",
+        1,
+        false,
+        budget,
+        BreakerConfig::default(),
+    ));
+    let f = fixture_with([st(503), st(200)], RetryParams::default(), dep);
+    assert_eq!(
+        status(&f.send(f.request(Method::GET, Body::empty())).await),
+        503
+    );
+    assert_eq!(f.upstream.hits(), 1);
+}

@@ -1,0 +1,226 @@
+//! The single retry layer, end to end: scripted upstreams count and timestamp every attempt.
+
+use std::time::Duration;
+
+use portcullis_testkit::gateway::GatewayProcess;
+use portcullis_testkit::ports::closed_addr;
+use portcullis_testkit::upstream::{ScriptedUpstream, Step};
+
+use crate::common::{client, BIN};
+
+/// One upstream `u` routed from `/`, fast backoff so tests stay short.
+fn config(endpoints: &[String], retry: &str, extra: &str) -> String {
+    let list = endpoints
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "[[upstreams]]\nname = \"u\"\nendpoints = [{list}]\nretry = {{ base = \"10ms\", cap = \"50ms\", {retry} }}\n{extra}\n\n[[routes]]\nprefix = \"/\"\nupstream = \"u\"\n"
+    )
+}
+
+async fn start(upstream: &ScriptedUpstream, retry: &str) -> GatewayProcess {
+    GatewayProcess::start(BIN, &config(&[upstream.url()], retry, "")).await
+}
+
+#[tokio::test]
+async fn transient_503s_are_retried_with_the_same_request_id_and_attempt_numbers() {
+    let upstream = ScriptedUpstream::start(vec![
+        Step::status(503),
+        Step::status(503),
+        Step::ok("third time"),
+    ])
+    .await;
+    let gateway = start(&upstream, "max_retries = 3").await;
+    let response = client().get(gateway.url() + "/r").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "third time");
+    let hits = upstream.hits();
+    assert_eq!(hits.len(), 3);
+    let id = &hits[0].headers["x-request-id"];
+    for (i, hit) in hits.iter().enumerate() {
+        assert_eq!(
+            &hit.headers["x-request-id"], id,
+            "same correlation id on every attempt"
+        );
+        assert_eq!(hit.headers["x-retry-attempt"], (i + 1).to_string().as_str());
+        assert!(
+            hit.headers.contains_key("x-request-deadline"),
+            "deadline forwarded"
+        );
+    }
+}
+
+#[tokio::test]
+async fn non_retryable_statuses_hit_the_upstream_once() {
+    for status in [400u16, 401, 403, 404, 409, 422] {
+        let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::status(status)).await;
+        let gateway = start(&upstream, "max_retries = 3").await;
+        let response = client().get(gateway.url() + "/n").send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status);
+        assert_eq!(
+            upstream.hit_count(),
+            1,
+            "status {status} must not be retried"
+        );
+    }
+}
+
+#[tokio::test]
+async fn post_without_idempotency_protection_is_not_retried_on_503() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::status(503)).await;
+    let gateway = start(&upstream, "max_retries = 3").await;
+    let response = client()
+        .post(gateway.url() + "/pay")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(upstream.hit_count(), 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_a_floor_on_the_next_attempt() {
+    let upstream =
+        ScriptedUpstream::start(vec![Step::with_retry_after(503, 2), Step::ok("later")]).await;
+    let gateway = start(&upstream, "max_retries = 2").await;
+    let response = client().get(gateway.url() + "/ra").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let hits = upstream.hits();
+    assert_eq!(hits.len(), 2);
+    let gap = hits[1].at.duration_since(hits[0].at);
+    assert!(
+        gap >= Duration::from_secs(2),
+        "next attempt only {gap:?} after a Retry-After: 2"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_beyond_the_deadline_returns_the_upstream_answer_at_once() {
+    let upstream =
+        ScriptedUpstream::start_with_fallback(vec![], Step::with_retry_after(503, 120)).await;
+    let gateway = start(&upstream, "max_retries = 3, total = \"30s\"").await;
+    let response = client().get(gateway.url() + "/late").send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers()["retry-after"],
+        "120",
+        "the client sees the upstream's own Retry-After"
+    );
+    assert_eq!(upstream.hit_count(), 1);
+}
+
+#[tokio::test]
+async fn connect_refused_moves_to_another_endpoint_even_for_a_bare_post() {
+    let live = ScriptedUpstream::start(vec![]).await;
+    let dead = format!("http://{}", closed_addr());
+    let gateway =
+        GatewayProcess::start(BIN, &config(&[dead, live.url()], "max_retries = 2", "")).await;
+    for _ in 0..4 {
+        let response = client()
+            .post(gateway.url() + "/create")
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "connect refused is provably unprocessed: safe to retry"
+        );
+    }
+    assert_eq!(
+        live.hit_count(),
+        4,
+        "every POST executed exactly once on the live endpoint"
+    );
+}
+
+#[tokio::test]
+async fn stalled_attempt_times_out_and_get_is_retried() {
+    let upstream = ScriptedUpstream::start(vec![
+        Step::stall(Duration::from_secs(3), Step::ok("late")),
+        Step::ok("fresh"),
+    ])
+    .await;
+    let gateway = GatewayProcess::start(
+        BIN,
+        &config(
+            &[upstream.url()],
+            "max_retries = 1",
+            "attempt_timeout = \"300ms\"",
+        ),
+    )
+    .await;
+    let response = client().get(gateway.url() + "/t").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "fresh");
+    assert_eq!(upstream.hit_count(), 2);
+}
+
+#[tokio::test]
+async fn budget_bounds_amplification_and_the_breaker_opens_then_closes() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::status(503)).await;
+    let breaker = "circuit_breaker = { failure_rate = 0.5, min_requests = 20, window = \"30s\", open_for = \"1s\", half_open_probes = 1 }";
+    let gateway = GatewayProcess::start(
+        BIN,
+        &config(
+            &[upstream.url()],
+            "max_retries = 3, budget_percent = 20, budget_min_retries_per_second = 1",
+            breaker,
+        ),
+    )
+    .await;
+    let requests = 60;
+    let mut fast_failures = 0;
+    for _ in 0..requests {
+        let response = client().get(gateway.url() + "/down").send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        let body = response.text().await.unwrap();
+        if body.contains("circuit-open") {
+            fast_failures += 1;
+        }
+    }
+    let attempts = upstream.hit_count();
+    let ratio = attempts as f64 / requests as f64;
+    // 20 % budget plus the 1 retry/s floor over the few seconds this loop takes.
+    assert!(
+        ratio <= 1.5,
+        "attempts/requests = {ratio:.2} ({attempts} attempts for {requests} requests)"
+    );
+    assert!(fast_failures > 0, "the breaker opened and failed fast");
+
+    // Recovery: once the upstream is healthy, a probe after open_for closes the breaker.
+    upstream.set_fallback(Step::ok("back"));
+    let mut recovered = false;
+    for _ in 0..50 {
+        let response = client().get(gateway.url() + "/down").send().await.unwrap();
+        if response.status() == 200 {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "the breaker closed again through a successful probe"
+    );
+    let metrics = client()
+        .get(gateway.admin_url() + "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "retry_attempts_total",
+        "retry_budget_utilization_ratio",
+        "circuit_breaker_state",
+        "upstream_attempts_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}
