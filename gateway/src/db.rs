@@ -8,7 +8,10 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
-use crate::config::{DatabaseBackend, TenantSettings};
+use std::sync::Arc;
+
+use crate::config::{Bucket, DatabaseBackend, TenantSettings};
+use crate::tenant::{Snapshot, Tenant};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -196,12 +199,80 @@ impl Database {
         Ok(())
     }
 
+    /// The configuration version, bumped by every change.
+    pub async fn config_version(&self) -> Result<i64, DbError> {
+        let sql = "SELECT CAST(version AS BIGINT) FROM config_version WHERE id = 1";
+        let version = match self {
+            Self::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            Self::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+        };
+        Ok(version)
+    }
+
+    /// Reads tenants, active key hashes and route overrides as one snapshot. The version is
+    /// read first: a change racing the read bumps it again and triggers another reload.
+    pub async fn load_snapshot(&self) -> Result<Snapshot, DbError> {
+        let version = self.config_version().await?;
+        macro_rules! load {
+            ($pool:expr) => {{
+                let tenants: Vec<TenantRow> = sqlx::query_as(TENANTS_SQL).fetch_all($pool).await?;
+                let keys: Vec<(Vec<u8>, String)> =
+                    sqlx::query_as(KEYS_SQL).fetch_all($pool).await?;
+                let routes: Vec<RouteQuotaRow> =
+                    sqlx::query_as(ROUTE_QUOTAS_SQL).fetch_all($pool).await?;
+                (tenants, keys, routes)
+            }};
+        }
+        let (tenants, keys, routes) = match self {
+            Self::Sqlite(pool) => load!(pool),
+            Self::Postgres(pool) => load!(pool),
+        };
+        let tenants = tenants
+            .into_iter()
+            .map(|row| {
+                let route_limits = routes
+                    .iter()
+                    .filter(|r| r.0 == row.0)
+                    .map(|r| (r.1.clone(), bucket(r.2, r.3, r.4)))
+                    .collect();
+                Tenant {
+                    id: Arc::from(row.0.as_str()),
+                    disabled: row.1 != 0,
+                    bucket: bucket(row.2, row.3, row.4),
+                    daily_quota: row.5.and_then(|q| u64::try_from(q).ok()),
+                    monthly_quota: row.6.and_then(|q| u64::try_from(q).ok()),
+                    route_limits,
+                }
+            })
+            .collect();
+        Ok(Snapshot::new(version, tenants, keys))
+    }
+
     /// Closes the pool.
     pub async fn close(&self) {
         match self {
             Self::Sqlite(pool) => pool.close().await,
             Self::Postgres(pool) => pool.close().await,
         }
+    }
+}
+
+type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
+type RouteQuotaRow = (String, String, i64, i64, i64);
+
+const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
+     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), CAST(monthly_quota AS BIGINT) FROM tenants";
+const KEYS_SQL: &str = "SELECT key_hash, tenant_id FROM api_keys WHERE revoked_at IS NULL";
+const ROUTE_QUOTAS_SQL: &str =
+    "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), CAST(per_ms AS BIGINT), \
+     CAST(burst AS BIGINT) FROM route_quotas";
+
+fn bucket(rate: i64, per_ms: i64, burst: i64) -> Bucket {
+    Bucket {
+        rate: u64::try_from(rate).unwrap_or(1).max(1),
+        per: Duration::from_millis(u64::try_from(per_ms).unwrap_or(1).max(1)),
+        burst: u64::try_from(burst).unwrap_or(1).max(1),
+        shadow: false,
     }
 }
 

@@ -28,6 +28,7 @@ pub mod router;
 pub mod server;
 pub mod shed;
 pub mod stack;
+pub mod tenant;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,6 +40,7 @@ use crate::ops::Health;
 use crate::proxy::Upstream;
 use crate::retry::Dependency;
 use crate::server::ServeOptions;
+use crate::tenant::Directory;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +73,7 @@ pub async fn run(
     let metrics = metrics::install();
     let db = Database::connect(&config.storage.database).await?;
     db.upsert_tenants(&config.tenants).await?;
+    let directory = Arc::new(Directory::new(db.load_snapshot().await?));
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -115,9 +118,14 @@ pub async fn run(
             ))
         })
         .collect();
+    let mut refresh_rx = stop_rx.clone();
+    tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
+        let _ = refresh_rx.wait_for(|stop| *stop).await;
+    }));
     let parts = stack::StackParts {
         upstreams,
         dependencies,
+        directory,
         health: health.clone(),
     };
     let service = stack::build(&config, parts);

@@ -21,6 +21,7 @@ use crate::retry::{Dependency, RetryLayer, SystemWallClock};
 use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
+use crate::tenant::{Directory, TenantLayer};
 
 /// Everything the pipeline is built from.
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub struct StackParts {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Retry budget and breaker per upstream, indexed like `upstreams`.
     pub dependencies: Vec<Arc<Dependency>>,
+    /// Tenants and API keys, kept fresh from the database.
+    pub directory: Arc<Directory>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
     pub health: Arc<Health>,
 }
@@ -47,6 +50,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             &config.routes,
             &parts.dependencies,
         ))) // longest prefix → MatchedRoute + RetryTarget, else 404
+        .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
         .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
         .layer(RetryLayer::new(|_| false, Arc::new(SystemWallClock))) // the one retry layer: ladder, backoff, budget, breaker, deadline

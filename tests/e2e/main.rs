@@ -18,3 +18,5 @@ mod shutdown;
 mod harness_services;
 // The single retry layer: classification, safety ladder, Retry-After, endpoints, budget, breaker.
 mod retry_classification;
+// Tenant resolution: API keys (hashed), 401 for unknown keys, live revocation.
+mod tenant_resolution;

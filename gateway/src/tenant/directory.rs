@@ -1,0 +1,156 @@
+//! The tenant directory: an immutable snapshot of tenants, their API key hashes and quotas,
+//! swapped atomically when the database changes. Request handling only ever reads a snapshot
+//! (one atomic load), never the database.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Bucket;
+use crate::db::{Database, DbError};
+
+/// How often the configuration version is polled. Changes reach every replica within this
+/// (plus one query), which keeps the "within 1 s" promise with room to spare.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A tenant as the request path sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant {
+    /// Tenant id.
+    pub id: Arc<str>,
+    /// The tenant's token bucket.
+    pub bucket: Bucket,
+    /// Per-route overrides of the bucket, by route prefix.
+    pub route_limits: HashMap<String, Bucket>,
+    /// Requests per UTC day.
+    pub daily_quota: Option<u64>,
+    /// Requests per UTC month.
+    pub monthly_quota: Option<u64>,
+    /// Disabled tenants are refused like unknown keys.
+    pub disabled: bool,
+}
+
+/// One consistent view of all tenants.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Configuration version the snapshot was read at.
+    pub version: i64,
+    by_key_hash: HashMap<[u8; 32], Arc<Tenant>>,
+    by_id: HashMap<Arc<str>, Arc<Tenant>>,
+}
+
+// === impl Snapshot ===
+
+impl Snapshot {
+    /// Builds a snapshot from tenants and `(key hash, tenant id)` pairs of active keys.
+    pub fn new(version: i64, tenants: Vec<Tenant>, keys: Vec<(Vec<u8>, String)>) -> Self {
+        let by_id: HashMap<Arc<str>, Arc<Tenant>> = tenants
+            .into_iter()
+            .map(|t| (t.id.clone(), Arc::new(t)))
+            .collect();
+        let by_key_hash = keys
+            .into_iter()
+            .filter_map(|(hash, tenant)| {
+                let hash: [u8; 32] = hash.try_into().ok()?;
+                Some((hash, by_id.get(tenant.as_str())?.clone()))
+            })
+            .collect();
+        Self {
+            version,
+            by_key_hash,
+            by_id,
+        }
+    }
+
+    /// The tenant owning an API key hash, if the key is active.
+    pub fn by_key_hash(&self, hash: &[u8; 32]) -> Option<&Arc<Tenant>> {
+        self.by_key_hash.get(hash)
+    }
+
+    /// A tenant by id.
+    pub fn by_id(&self, id: &str) -> Option<&Arc<Tenant>> {
+        self.by_id.get(id)
+    }
+
+    /// Number of tenants.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether there are no tenants.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+/// The live directory: the current snapshot, replaceable at any time.
+#[derive(Debug)]
+pub struct Directory {
+    current: ArcSwap<Snapshot>,
+}
+
+// === impl Directory ===
+
+impl Directory {
+    /// A directory starting at `snapshot`.
+    pub fn new(snapshot: Snapshot) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(snapshot),
+        }
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Replaces the snapshot.
+    pub fn replace(&self, snapshot: Snapshot) {
+        self.current.store(Arc::new(snapshot));
+    }
+
+    /// Loads a fresh snapshot from the database.
+    pub async fn load(db: &Database) -> Result<Snapshot, DbError> {
+        db.load_snapshot().await
+    }
+
+    /// Polls the database's configuration version and reloads on change, until `stop`
+    /// resolves. A database outage keeps the last snapshot serving (logged, retried).
+    pub async fn keep_fresh(
+        self: Arc<Self>,
+        db: Database,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stop);
+        let mut ticker = tokio::time::interval(REFRESH_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                () = &mut stop => return,
+            }
+            let known = self.current.load().version;
+            match db.config_version().await {
+                Ok(version) if version == known => {}
+                Ok(_) => match db.load_snapshot().await {
+                    Ok(snapshot) => {
+                        tracing::info!(
+                            version = snapshot.version,
+                            tenants = snapshot.len(),
+                            "tenant directory reloaded"
+                        );
+                        self.replace(snapshot);
+                    }
+                    Err(err) => {
+                        tracing::warn!(%err, "tenant directory reload failed; serving the previous snapshot")
+                    }
+                },
+                Err(err) => {
+                    tracing::warn!(%err, "tenant directory version check failed; serving the previous snapshot")
+                }
+            }
+        }
+    }
+}

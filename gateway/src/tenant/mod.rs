@@ -1,0 +1,177 @@
+//! Tenant resolution: who is calling?
+//!
+//! - `X-API-Key: …`, or else `Authorization: Bearer …`, names a tenant through the SHA-256 of
+//!   the key. A known, active key → [`Caller::Tenant`]; the credential is removed before the
+//!   request goes upstream (backends get `X-Portcullis-Tenant` instead, never the key).
+//! - A key that is unknown, revoked or belongs to a disabled tenant → 401 problem+json. It is
+//!   never treated as anonymous, so a bad key cannot spend someone else's quota.
+//! - No key → [`Caller::Anonymous`], limited per client IP ([`ClientIp`]), which honours
+//!   `X-Forwarded-For` only from `server.trusted_proxies`.
+//!
+//! When both headers are present `X-API-Key` wins and `Authorization` is passed through
+//! untouched, so backends can keep their own bearer tokens.
+
+mod directory;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use futures_util::future::{BoxFuture, FutureExt};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
+use sha2::{Digest, Sha256};
+use tower::{Layer, Service};
+
+pub use directory::{Directory, Snapshot, Tenant, REFRESH_INTERVAL};
+
+use crate::forwarded::{ClientIp, PeerAddr, TrustedProxies};
+use crate::problem::Problem;
+
+/// Header carrying an API key.
+pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Header telling backends which tenant called (set by the gateway only).
+pub static X_PORTCULLIS_TENANT: HeaderName = HeaderName::from_static("x-portcullis-tenant");
+
+/// The resolved caller, in request extensions from here on.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// An authenticated tenant.
+    Tenant(Arc<Tenant>),
+    /// No API key: limited by client IP.
+    Anonymous,
+}
+
+/// Resolves [`Caller`] and [`ClientIp`].
+#[derive(Debug, Clone)]
+pub struct TenantLayer {
+    directory: Arc<Directory>,
+    trusted: Arc<TrustedProxies>,
+}
+
+/// The service of [`TenantLayer`].
+#[derive(Debug, Clone)]
+pub struct ResolveTenant<S> {
+    inner: S,
+    layer: TenantLayer,
+}
+
+impl TenantLayer {
+    /// Resolves against `directory`.
+    pub fn new(directory: Arc<Directory>, trusted: Arc<TrustedProxies>) -> Self {
+        Self { directory, trusted }
+    }
+}
+
+impl<S> Layer<S> for TenantLayer {
+    type Service = ResolveTenant<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ResolveTenant {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for ResolveTenant<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        let peer = request
+            .extensions()
+            .get::<PeerAddr>()
+            .map(|p| p.0.ip())
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let client_ip = self.layer.trusted.client_ip(peer, request.headers());
+        request.extensions_mut().insert(ClientIp(client_ip));
+        // Only the gateway says who the tenant is.
+        request.headers_mut().remove(&X_PORTCULLIS_TENANT);
+
+        let caller = match presented_key(request.headers()) {
+            None => Caller::Anonymous,
+            Some((source, key)) => {
+                let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+                let snapshot = self.layer.directory.snapshot();
+                match snapshot.by_key_hash(&hash) {
+                    Some(tenant) if !tenant.disabled => {
+                        let headers = request.headers_mut();
+                        headers.remove(source);
+                        if let Ok(value) = HeaderValue::from_str(&tenant.id) {
+                            headers.insert(X_PORTCULLIS_TENANT.clone(), value);
+                        }
+                        Caller::Tenant(tenant.clone())
+                    }
+                    _ => {
+                        metrics::counter!("tenant_auth_failures_total").increment(1);
+                        return std::future::ready(Ok(unauthorized())).boxed();
+                    }
+                }
+            }
+        };
+        request.extensions_mut().insert(caller);
+        self.inner.call(request).boxed()
+    }
+}
+
+/// The API key and the header it came in: `X-API-Key` first, then `Authorization: Bearer`.
+fn presented_key(headers: &http::HeaderMap) -> Option<(HeaderName, String)> {
+    if let Some(value) = headers.get(&X_API_KEY) {
+        return Some((
+            X_API_KEY.clone(),
+            value.to_str().unwrap_or("\u{0}").trim().to_owned(),
+        ));
+    }
+    let auth = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| (header::AUTHORIZATION, token.trim().to_owned()))
+}
+
+fn unauthorized() -> Response<Body> {
+    let mut response = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "invalid-api-key",
+        "Invalid API key",
+        "the API key is unknown, revoked or disabled; send a valid key in X-API-Key or Authorization: Bearer, or none for anonymous access",
+    )
+    .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"portcullis\""),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_sources_in_order() {
+        let mut headers = http::HeaderMap::new();
+        assert!(presented_key(&headers).is_none());
+        headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(presented_key(&headers).unwrap().1, "abc");
+        headers.insert(&X_API_KEY, "xyz".parse().unwrap());
+        let (source, key) = presented_key(&headers).unwrap();
+        assert_eq!((source, key.as_str()), (X_API_KEY.clone(), "xyz"));
+        let mut basic = http::HeaderMap::new();
+        basic.insert(header::AUTHORIZATION, "Basic Zm9v".parse().unwrap());
+        assert!(
+            presented_key(&basic).is_none(),
+            "non-bearer Authorization is the backend's business"
+        );
+    }
+}
