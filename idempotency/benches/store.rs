@@ -1,0 +1,152 @@
+//! Hot paths of a keyed request: fingerprinting and the memory store.
+//!
+//! | group | scenario | what it shows |
+//! |---|---|---|
+//! | `fingerprint` | `sha256-body-only/{1KiB,64KiB}` | baseline: raw SHA-256 of the body |
+//! | `fingerprint` | `fingerprint/{1KiB,64KiB}` | our framed hash (method, path, tenant, type, body) |
+//! | `memory_store` | `lock+complete/fresh-key` | first execution: two store calls |
+//! | `memory_store` | `try_lock/replay` | a duplicate: one store call returning the response |
+//! | `memory_store` | `mutex-hashmap/insert` | baseline: one `Mutex<HashMap>` insert |
+//!
+//! Bodies come from a fixed seed (42). Timings are never asserted; run with
+//! `cargo bench -p portcullis-idempotency`.
+
+// Bench setup: a failed unwrap aborts the bench, which is what we want.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(missing_docs)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use http::{HeaderMap, StatusCode};
+use portcullis_idempotency::{
+    Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, MemoryStore, RecordKey,
+    Store, StoredResponse,
+};
+use rand::{rngs::StdRng, RngCore, SeedableRng};
+use sha2::{Digest, Sha256};
+
+const SEED: u64 = 42;
+
+fn body(len: usize) -> Vec<u8> {
+    let mut b = vec![0; len];
+    StdRng::seed_from_u64(SEED).fill_bytes(&mut b);
+    b
+}
+
+fn fingerprint(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fingerprint");
+    for (name, len) in [("1KiB", 1024), ("64KiB", 64 * 1024)] {
+        let data = body(len);
+        g.throughput(Throughput::Bytes(len as u64));
+        g.bench_with_input(BenchmarkId::new("sha256-body-only", name), &data, |b, d| {
+            b.iter(|| Sha256::digest(d))
+        });
+        g.bench_with_input(BenchmarkId::new("fingerprint", name), &data, |b, d| {
+            b.iter(|| {
+                Fingerprint::compute(&FingerprintInput {
+                    method: "POST",
+                    path_and_query: "/v1/payments?expand=customer",
+                    tenant: "acme",
+                    content_type: Some(b"application/json"),
+                    body: d,
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+fn record_key(n: u64) -> RecordKey {
+    let key = format!("7c4a8d09-ca95-4c6d-8f3b-{n:012x}");
+    RecordKey::new(
+        "acme",
+        "/v1/payments",
+        IdempotencyKey::parse(key.as_bytes(), 64).unwrap(),
+    )
+}
+
+fn memory_store(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new(256 << 20);
+    let fp = Fingerprint::compute(&FingerprintInput {
+        method: "POST",
+        path_and_query: "/v1/payments",
+        tenant: "acme",
+        content_type: Some(b"application/json"),
+        body: &body(1024),
+    });
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let response = StoredResponse::new(StatusCode::CREATED, &headers, Bytes::from(body(512)));
+    // Short retention keeps the store at a steady size: each try_lock purges expired
+    // records of its shard, as in production (there after 24 h).
+    let retention = Duration::from_millis(20);
+    let lease = Duration::from_millis(10);
+    let next = AtomicU64::new(0);
+
+    let mut g = c.benchmark_group("memory_store");
+    g.bench_function(BenchmarkId::new("lock+complete", "fresh-key"), |b| {
+        b.to_async(&rt).iter(|| async {
+            let key = record_key(next.fetch_add(1, Ordering::Relaxed));
+            let LockOutcome::Acquired { fencing, .. } =
+                store.try_lock(&key, &fp, lease, retention).await.unwrap()
+            else {
+                panic!("fresh key must lock");
+            };
+            let done = Completion::Response(response.clone());
+            store
+                .complete(&key, fencing, done, retention)
+                .await
+                .unwrap();
+        })
+    });
+
+    let replay_key = record_key(u64::MAX >> 16);
+    rt.block_on(async {
+        if let LockOutcome::Acquired { fencing, .. } = store
+            .try_lock(&replay_key, &fp, lease, Duration::from_secs(3600))
+            .await
+            .unwrap()
+        {
+            let done = Completion::Response(response.clone());
+            store
+                .complete(&replay_key, fencing, done, Duration::from_secs(3600))
+                .await
+                .unwrap();
+        }
+    });
+    g.bench_function(BenchmarkId::new("try_lock", "replay"), |b| {
+        b.to_async(&rt).iter(|| async {
+            let outcome = store
+                .try_lock(&replay_key, &fp, lease, retention)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, LockOutcome::Completed(_)));
+        })
+    });
+
+    let naive: Mutex<HashMap<String, Bytes>> = Mutex::new(HashMap::new());
+    g.bench_function(BenchmarkId::new("mutex-hashmap", "insert"), |b| {
+        b.iter(|| {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            let key = format!("acme/v1/payments/7c4a8d09-ca95-4c6d-8f3b-{n:012x}");
+            let mut map = naive.lock().unwrap();
+            if map.len() > 100_000 {
+                map.clear();
+            }
+            map.insert(key, response.body.clone());
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fingerprint, memory_store);
+criterion_main!(benches);

@@ -1,0 +1,164 @@
+//! Executing a locked request and settling its record per the outcome table.
+//!
+//! Runs inside its own task (spawned by the service), so once the request may have reached
+//! the upstream, the record is always settled — even if the client disconnects and hyper
+//! drops the response future.
+//!
+//! The response body is buffered (up to `max_stored_response_bytes`) and the record is
+//! completed **before** the response is returned: a client that received a response and
+//! retries must find it replayable, never "in flight". The cost is time-to-first-byte for
+//! large or slow bodies; a response over the limit is recorded as too large as soon as the
+//! limit is crossed, and the buffered prefix plus the rest of the stream flow through.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures_util::{stream, StreamExt};
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt, StreamBody};
+use tower::Service;
+
+use crate::outcome::{classify, Outcome};
+use crate::record::{Completion, StoredResponse};
+use crate::rejection::Rejection;
+use crate::settings::IdempotencySettings;
+use crate::store::{RecordKey, Store, StoreError};
+
+/// A lock held for one request.
+pub(crate) struct Held {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) record: RecordKey,
+    pub(crate) fencing: u64,
+    pub(crate) settings: IdempotencySettings,
+}
+
+/// Calls `inner` with the locked request and completes or releases the record.
+pub(crate) async fn execute<S>(
+    mut inner: S,
+    req: Request<Body>,
+    held: Held,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+{
+    let resp = match inner.call(req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            // The inner service failed without a response. Whether the upstream acted is
+            // unknown (the gateway maps provable non-delivery to a `NotForwarded` response),
+            // so this is the ambiguous row of the table.
+            held.ambiguous().await;
+            return Err(e);
+        }
+    };
+    let (parts, mut body) = resp.into_parts();
+    let dedupes = held.settings.upstream_dedupes_keys;
+    if classify(parts.status, &parts.headers, &parts.extensions, dedupes) == Outcome::Release {
+        held.release().await;
+        return Ok(Response::from_parts(parts, body));
+    }
+
+    let limit = held.settings.max_stored_response_bytes;
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    let mut trailers: Option<HeaderMap> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                // The upstream answered, then the body broke: it acted, but there is no
+                // complete response to replay. Ambiguous; the client sees the break.
+                held.ambiguous().await;
+                let prefix = stream::iter(chunks.into_iter().map(Ok));
+                let failed = prefix.chain(stream::once(async move { Err(e) }));
+                return Ok(Response::from_parts(parts, Body::from_stream(failed)));
+            }
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                total += data.len();
+                chunks.push(data);
+                if total > limit {
+                    held.complete(Completion::TooLarge(parts.status)).await;
+                    let prefix = stream::iter(chunks.into_iter().map(Ok));
+                    let rest = prefix.chain(body.into_data_stream());
+                    return Ok(Response::from_parts(parts, Body::from_stream(rest)));
+                }
+            }
+            // Trailers are passed to this client but not stored: replays carry none.
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+
+    let bytes = concat(chunks, total);
+    let stored = StoredResponse::new(parts.status, &parts.headers, bytes.clone());
+    held.complete(Completion::Response(stored)).await;
+    let body = match trailers {
+        None => Body::from(bytes),
+        Some(t) => {
+            let frames = [http_body::Frame::data(bytes), http_body::Frame::trailers(t)];
+            let frames = stream::iter(frames.into_iter().map(Ok::<_, axum::Error>));
+            Body::new(StreamBody::new(frames))
+        }
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+fn concat(chunks: Vec<Bytes>, total: usize) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.into_iter().next().unwrap_or_default();
+    }
+    let mut buf = BytesMut::with_capacity(total);
+    for c in chunks {
+        buf.extend_from_slice(&c);
+    }
+    buf.freeze()
+}
+
+// === impl Held ===
+
+impl Held {
+    /// The outcome is unknown: keep a 502 "outcome unknown" as the key's result, unless the
+    /// upstream dedupes on the key, in which case a retry is safe and the key is released.
+    async fn ambiguous(&self) {
+        if self.settings.upstream_dedupes_keys {
+            self.release().await;
+        } else {
+            let (status, headers, body) = Rejection::OutcomeUnknown.to_parts();
+            let stored = StoredResponse::new(status, &headers, body);
+            self.complete(Completion::Response(stored)).await;
+        }
+    }
+
+    async fn release(&self) {
+        if let Err(e) = self.store.release(&self.record, self.fencing).await {
+            self.report("release", &e);
+        }
+    }
+
+    async fn complete(&self, completion: Completion) {
+        let ttl = self.settings.ttl;
+        if let Err(e) = self
+            .store
+            .complete(&self.record, self.fencing, completion, ttl)
+            .await
+        {
+            self.report("complete", &e);
+        }
+    }
+
+    /// A failed complete/release never changes what the client gets: the upstream already
+    /// answered. Log and count it; the record's lease expires on its own.
+    fn report(&self, op: &'static str, e: &StoreError) {
+        metrics::counter!("idempotency_store_errors_total", "op" => op, "kind" => e.kind())
+            .increment(1);
+        if e.is_fenced() {
+            tracing::warn!(op, error = %e, tenant = %self.record.tenant, route = %self.record.route,
+                fencing = self.fencing, "idempotency lease lost before the request finished; outcome not recorded");
+        } else {
+            tracing::warn!(op, error = %e, tenant = %self.record.tenant, route = %self.record.route,
+                fencing = self.fencing, "could not record idempotency outcome");
+        }
+    }
+}

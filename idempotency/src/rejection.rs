@@ -1,0 +1,246 @@
+//! Responses the layer produces itself, as RFC 9457 `application/problem+json`.
+//!
+//! Each kind has a stable `type` URI (clients switch on it, never on `detail`), a status and,
+//! where waiting helps, `Retry-After` plus a `retry_after` member in seconds.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+use crate::key::KeyError;
+
+const TYPE_BASE: &str = "https://portcullis.dev/problems/";
+
+/// A request the idempotency layer answers without forwarding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// 400: the key is missing (on a route requiring it), repeated or malformed.
+    InvalidKey(KeyError),
+    /// 413: the body is larger than the layer may buffer to fingerprint it.
+    BodyTooLarge {
+        /// The buffering limit in bytes.
+        limit: usize,
+    },
+    /// 409: another request with this key is still being processed.
+    InFlight {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// 409: the request already ran, but its response was too large to keep for replay.
+    TooLargeToReplay {
+        /// Status of the original response.
+        status: StatusCode,
+    },
+    /// 422: the key was already used with a different request.
+    Mismatch,
+    /// 503: the idempotency store is unavailable; the request was not forwarded.
+    StoreUnavailable {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// 400: the request body could not be read (the client aborted or sent bad framing).
+    BodyUnreadable,
+    /// 502: the upstream call failed after the request may have been sent, so its outcome
+    /// is unknown. Stored as the key's result and replayed: re-executing could duplicate.
+    OutcomeUnknown,
+    /// 500: the layer's own processing failed unexpectedly (e.g. a panicked task).
+    Internal,
+}
+
+#[derive(Serialize)]
+struct Problem {
+    #[serde(rename = "type")]
+    type_: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
+}
+
+// === impl Rejection ===
+
+impl Rejection {
+    /// HTTP status of the response.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidKey(_) | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::InFlight { .. } | Self::TooLargeToReplay { .. } => StatusCode::CONFLICT,
+            Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::OutcomeUnknown => StatusCode::BAD_GATEWAY,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The last segment of the problem `type` URI.
+    pub fn problem_slug(&self) -> &'static str {
+        match self {
+            Self::InvalidKey(KeyError::Missing) => "idempotency-key-missing",
+            Self::InvalidKey(_) => "idempotency-key-invalid",
+            Self::BodyTooLarge { .. } => "idempotency-body-too-large",
+            Self::InFlight { .. } => "idempotency-request-in-flight",
+            Self::TooLargeToReplay { .. } => "idempotency-response-not-stored",
+            Self::Mismatch => "idempotency-key-reused",
+            Self::StoreUnavailable { .. } => "idempotency-store-unavailable",
+            Self::BodyUnreadable => "request-body-unreadable",
+            Self::OutcomeUnknown => "idempotency-outcome-unknown",
+            Self::Internal => "idempotency-internal-error",
+        }
+    }
+
+    /// The stable problem `type` URI, e.g.
+    /// `https://portcullis.dev/problems/idempotency-key-invalid`.
+    pub fn problem_type(&self) -> String {
+        format!("{TYPE_BASE}{}", self.problem_slug())
+    }
+
+    /// `Retry-After` in whole seconds (rounded up, at least 1), when waiting may help.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
+                Some(whole_seconds(*retry_after))
+            }
+            _ => None,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::InvalidKey(KeyError::Missing) => "Idempotency-Key required",
+            Self::InvalidKey(_) => "Invalid Idempotency-Key",
+            Self::BodyTooLarge { .. } => "Request body too large for an idempotent request",
+            Self::InFlight { .. } => "Request with this Idempotency-Key is in progress",
+            Self::TooLargeToReplay { .. } => "Response for this Idempotency-Key cannot be replayed",
+            Self::Mismatch => "Idempotency-Key reused with a different request",
+            Self::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Self::BodyUnreadable => "Request body could not be read",
+            Self::OutcomeUnknown => "Upstream outcome unknown",
+            Self::Internal => "Internal error",
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Self::InvalidKey(e) => format!(
+                "{e}. Send one Idempotency-Key of 1 to the allowed number of visible ASCII \
+                 characters, as a bare token or a quoted string; a UUID v4 per operation is \
+                 recommended."
+            ),
+            Self::BodyTooLarge { limit } => {
+                format!("Requests carrying an Idempotency-Key may have at most {limit} body bytes.")
+            }
+            Self::InFlight { .. } => "A request with this Idempotency-Key is still being \
+                processed. Retry after the indicated time with the same key to get its result."
+                .to_owned(),
+            Self::TooLargeToReplay { status } => format!(
+                "The request with this Idempotency-Key was already executed (status {}), but \
+                 its response was too large to store, so it cannot be replayed. It will not \
+                 be executed again; use a new key for a new operation.",
+                status.as_u16()
+            ),
+            Self::Mismatch => "This Idempotency-Key was already used with a different method, \
+                path, content type or body. Use a new key for a different request."
+                .to_owned(),
+            Self::StoreUnavailable { .. } => "The request was not forwarded because its \
+                Idempotency-Key could not be recorded. Retry later with the same key."
+                .to_owned(),
+            Self::BodyUnreadable => "The request body ended early or was malformed.".to_owned(),
+            Self::OutcomeUnknown => "The upstream failed after the request may have reached \
+                it, so whether it was executed is unknown. This result is kept for the \
+                Idempotency-Key so the request is not executed twice; check the resource's \
+                state before retrying with a new key."
+                .to_owned(),
+            Self::Internal => "The request could not be processed.".to_owned(),
+        }
+    }
+
+    /// Builds the problem+json response.
+    pub fn into_response(self) -> Response<Body> {
+        let (status, headers, body) = self.to_parts();
+        let mut resp = Response::new(Body::from(body));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        resp
+    }
+
+    /// Status, headers and body of the problem response (for storing it as well as sending).
+    pub fn to_parts(&self) -> (StatusCode, HeaderMap, Bytes) {
+        let problem = Problem {
+            type_: self.problem_type(),
+            title: self.title(),
+            status: self.status().as_u16(),
+            detail: self.detail(),
+            retry_after: self.retry_after(),
+        };
+        // A struct of strings and integers always serializes.
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        (self.status(), h, Bytes::from(body))
+    }
+}
+
+/// Whole seconds, rounded up, never 0: `Retry-After: 0` invites an immediate hammering.
+fn whole_seconds(d: Duration) -> u64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn json(r: Response<Body>) -> serde_json::Value {
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn in_flight_has_retry_after_header_and_member() {
+        let r = Rejection::InFlight {
+            retry_after: Duration::from_millis(1500),
+        }
+        .into_response();
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        assert_eq!(r.headers()["retry-after"], "2");
+        let v = json(r).await;
+        assert_eq!(
+            v["type"],
+            "https://portcullis.dev/problems/idempotency-request-in-flight"
+        );
+        assert_eq!(v["retry_after"], 2);
+        assert_eq!(v["status"], 409);
+    }
+
+    #[test]
+    fn statuses_and_rounding() {
+        assert_eq!(Rejection::Mismatch.status(), 422);
+        assert_eq!(Rejection::InvalidKey(KeyError::Empty).status(), 400);
+        assert_eq!(
+            Rejection::TooLargeToReplay {
+                status: StatusCode::OK
+            }
+            .status(),
+            409
+        );
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_secs(3)), 3);
+        assert_eq!(whole_seconds(Duration::from_millis(3001)), 4);
+        assert!(Rejection::Mismatch.retry_after().is_none());
+    }
+}

@@ -1,0 +1,228 @@
+//! [`Idempotency`]: the service. Validates the key, fingerprints, locks, then hands the
+//! request to [`forward`](crate::forward) which executes it and settles the record.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use futures_util::future::BoxFuture;
+use http::{header, Request, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use rand::Rng;
+use tokio::time::Instant;
+use tower::Service;
+use tracing::Instrument;
+
+use crate::extensions::IdempotencyLock;
+use crate::fingerprint::{Fingerprint, FingerprintInput};
+use crate::forward::{self, Held};
+use crate::key::{IdempotencyKey, KeyError};
+use crate::layer::ExtractSettings;
+use crate::rejection::Rejection;
+use crate::settings::{IdempotencySettings, OnInFlight};
+use crate::store::{LockOutcome, RecordKey, Store};
+
+/// `Retry-After` for a duplicate in flight. Most requests finish well within a second; the
+/// lease (the worst case) is often 30 s and would send clients away for far too long.
+const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` when the store is unreachable: long enough for a Redis failover to start
+/// showing, short enough that a blip costs one second.
+const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+const WAIT_BACKOFF_START: Duration = Duration::from_millis(25);
+const WAIT_BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// Tower service deduplicating keyed requests; see the crate docs for the lifecycle.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    store: Arc<dyn Store>,
+    extract: ExtractSettings,
+}
+
+// === impl Idempotency ===
+
+impl<S> Idempotency<S> {
+    /// Wraps `inner`; usually built through [`IdempotencyLayer`](crate::IdempotencyLayer).
+    pub fn new(inner: S, store: Arc<dyn Store>, extract: ExtractSettings) -> Self {
+        Self {
+            inner,
+            store,
+            extract,
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<Request<Body>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let settings = (self.extract)(&parts)
+            .filter(|s| s.methods.contains(&parts.method))
+            .map(IdempotencySettings::effective);
+        let Some(settings) = settings else {
+            return Box::pin(self.inner.call(Request::from_parts(parts, body)));
+        };
+        // The service that was polled ready is the one that must be called; keep it and
+        // leave a fresh clone behind (tower's "clone in call" pattern).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(handle(inner, self.store.clone(), settings, parts, body))
+    }
+}
+
+async fn handle<S>(
+    mut inner: S,
+    store: Arc<dyn Store>,
+    settings: IdempotencySettings,
+    mut parts: http::request::Parts,
+    body: Body,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    let key = match IdempotencyKey::from_headers(&parts.headers, settings.max_key_len) {
+        Ok(Some(key)) => key,
+        Ok(None) if settings.require_key => {
+            return Ok(Rejection::InvalidKey(KeyError::Missing).into_response())
+        }
+        // No key on an optional route: nothing to deduplicate, forward untouched.
+        Ok(None) => return inner.call(Request::from_parts(parts, body)).await,
+        Err(e) => return Ok(Rejection::InvalidKey(e).into_response()),
+    };
+
+    let bytes = match Limited::new(body, settings.max_body_bytes).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            let limit = settings.max_body_bytes;
+            return Ok(Rejection::BodyTooLarge { limit }.into_response());
+        }
+        Err(_) => return Ok(Rejection::BodyUnreadable.into_response()),
+    };
+
+    let fingerprint = Fingerprint::compute(&FingerprintInput {
+        method: parts.method.as_str(),
+        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        tenant: &settings.tenant,
+        content_type: parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
+        body: &bytes,
+    });
+    let record = RecordKey::new(settings.tenant.clone(), settings.route.clone(), key.clone());
+
+    let fencing = match acquire(store.as_ref(), &record, &fingerprint, &settings).await {
+        Ok(fencing) => fencing,
+        Err(answer) => return Ok(answer),
+    };
+
+    // From here the request runs to completion in its own task, so a client that hangs up
+    // cannot cancel it between "sent upstream" and "outcome recorded" (see `forward`).
+    parts.extensions.insert(IdempotencyLock { key, fencing });
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let held = Held {
+        store,
+        record,
+        fencing,
+        settings,
+    };
+    let task = forward::execute(inner, req, held).instrument(tracing::Span::current());
+    match tokio::spawn(task).await {
+        Ok(result) => result,
+        Err(e) => {
+            // A panic below us: the outcome is unknown, so the lease is left to expire
+            // rather than released (see the crate docs, "Failures and cancellation").
+            tracing::error!(error = %e, "idempotent request task failed");
+            Ok(Rejection::Internal.into_response())
+        }
+    }
+}
+
+/// Takes the lock, or produces the answer for a request that must not run: a replay, 409,
+/// 422 or 503. In `Wait` mode, polls while the first copy is in flight.
+async fn acquire(
+    store: &dyn Store,
+    record: &RecordKey,
+    fingerprint: &Fingerprint,
+    settings: &IdempotencySettings,
+) -> Result<u64, Response<Body>> {
+    let deadline = match settings.on_in_flight {
+        OnInFlight::Wait(max) => Some(Instant::now() + max),
+        OnInFlight::Reject => None,
+    };
+    let mut backoff = WAIT_BACKOFF_START;
+    loop {
+        let outcome = store
+            .try_lock(record, fingerprint, settings.lease, settings.ttl)
+            .await;
+        match outcome {
+            Ok(LockOutcome::Acquired { fencing, took_over }) => {
+                if took_over {
+                    metrics::counter!("idempotency_lease_takeovers_total").increment(1);
+                    tracing::info!(tenant = %record.tenant, route = %record.route, fencing,
+                        "took over an expired idempotency lease");
+                }
+                return Ok(fencing);
+            }
+            Ok(LockOutcome::Completed(stored)) => {
+                metrics::counter!("idempotency_replays_total").increment(1);
+                return Err(stored.to_replay());
+            }
+            Ok(LockOutcome::Mismatch) => {
+                metrics::counter!("idempotency_mismatches_total").increment(1);
+                return Err(Rejection::Mismatch.into_response());
+            }
+            Ok(LockOutcome::TooLarge { status }) => {
+                metrics::counter!("idempotency_conflicts_total", "reason" => "too_large")
+                    .increment(1);
+                return Err(Rejection::TooLargeToReplay { status }.into_response());
+            }
+            Ok(LockOutcome::InFlight { lease_remaining }) => {
+                let now = Instant::now();
+                if let Some(deadline) = deadline.filter(|d| *d > now) {
+                    // Full jitter keeps many waiters on one key from polling in lock-step.
+                    let sleep = rand::thread_rng().gen_range(backoff / 2..=backoff);
+                    tokio::time::sleep(sleep.min(deadline - now)).await;
+                    backoff = (backoff * 2).min(WAIT_BACKOFF_CAP);
+                    continue;
+                }
+                metrics::counter!("idempotency_conflicts_total", "reason" => "in_flight")
+                    .increment(1);
+                let retry_after = IN_FLIGHT_RETRY_AFTER.min(lease_remaining);
+                return Err(Rejection::InFlight { retry_after }.into_response());
+            }
+            Err(e) => {
+                metrics::counter!("idempotency_store_errors_total", "op" => "try_lock",
+                    "kind" => e.kind())
+                .increment(1);
+                tracing::warn!(error = %e, transient = e.is_transient(), tenant = %record.tenant,
+                    "idempotency store unavailable; refusing to forward unprotected");
+                let retry_after = STORE_RETRY_AFTER;
+                return Err(Rejection::StoreUnavailable { retry_after }.into_response());
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Memory-specific behaviour: byte bounds and eviction (the shared contract is covered by
+//! `tests/conformance.rs`). All on paused time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use super::*;
+use crate::fingerprint::FingerprintInput;
+use crate::key::IdempotencyKey;
+use crate::record::StoredResponse;
+
+const LEASE: Duration = Duration::from_secs(30);
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn key(k: &str) -> RecordKey {
+    RecordKey::new("t", "/r", IdempotencyKey::parse(k.as_bytes(), 64).unwrap())
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::compute(&FingerprintInput {
+        method: "POST",
+        path_and_query: "/r",
+        tenant: "t",
+        content_type: None,
+        body: b"",
+    })
+}
+
+fn body(n: usize) -> Completion {
+    let r = StoredResponse::new(StatusCode::OK, &HeaderMap::new(), Bytes::from(vec![7; n]));
+    Completion::Response(r)
+}
+
+async fn lock(s: &MemoryStore, k: &str, retention: Duration) -> Result<u64, StoreError> {
+    match s.try_lock(&key(k), &fp(), LEASE, retention).await? {
+        LockOutcome::Acquired { fencing, .. } => Ok(fencing),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn accounting_returns_to_zero() {
+    let s = MemoryStore::new(1 << 20);
+    let f = lock(&s, "a", DAY).await.unwrap();
+    assert!(s.used_bytes() >= ENTRY_OVERHEAD);
+    s.complete(&key("a"), f, body(10_000), DAY).await.unwrap();
+    assert!(s.used_bytes() > 10_000);
+    assert!(s.delete(&key("a")).await.unwrap());
+    assert_eq!(s.used_bytes(), 0);
+    let f = lock(&s, "b", DAY).await.unwrap();
+    s.release(&key("b"), f).await.unwrap();
+    assert_eq!(s.used_bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_store_evicts_completed_nearest_expiry_first() {
+    // Room for about three 10 KB responses.
+    let s = MemoryStore::new(32_000);
+    for (k, retention) in [("soon", DAY / 2), ("late", DAY), ("later", DAY * 2)] {
+        let f = lock(&s, k, retention).await.unwrap();
+        s.complete(&key(k), f, body(10_000), retention)
+            .await
+            .unwrap();
+    }
+    let f = lock(&s, "new", DAY).await.unwrap();
+    s.complete(&key("new"), f, body(10_000), DAY).await.unwrap();
+    assert!(
+        s.get(&key("soon")).await.unwrap().is_none(),
+        "nearest expiry goes first"
+    );
+    assert!(s.get(&key("later")).await.unwrap().is_some());
+    assert!(s.used_bytes() <= 32_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_records_are_never_evicted_and_full_is_transient() {
+    let s = MemoryStore::new(4 * (ENTRY_OVERHEAD + 20));
+    let mut n = 0;
+    let err = loop {
+        match lock(&s, &format!("k{n}"), DAY).await {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(n >= 3);
+    assert!(matches!(err, StoreError::Full { .. }) && err.is_transient());
+    for i in 0..n {
+        let info = s.get(&key(&format!("k{i}"))).await.unwrap();
+        assert_eq!(info.map(|i| i.state), Some(RecordState::InFlight));
+    }
+    // Once their leases have run out, their holders are gone and they may go.
+    tokio::time::advance(LEASE + Duration::from_secs(1)).await;
+    lock(&s, "after", DAY).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn response_that_cannot_fit_leaves_a_tombstone() {
+    let s = MemoryStore::new(2_000);
+    let f = lock(&s, "a", DAY).await.unwrap();
+    s.complete(&key("a"), f, body(50_000), DAY).await.unwrap();
+    let again = s.try_lock(&key("a"), &fp(), LEASE, DAY).await.unwrap();
+    assert_eq!(
+        again,
+        LockOutcome::TooLarge {
+            status: StatusCode::OK
+        }
+    );
+    assert!(s.used_bytes() <= 2_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn purge_and_sweeper_free_expired_records() {
+    let s = Arc::new(MemoryStore::new(1 << 20));
+    for k in ["a", "b", "c"] {
+        let f = lock(&s, k, Duration::from_secs(60)).await.unwrap();
+        s.complete(&key(k), f, body(100), Duration::from_secs(60))
+            .await
+            .unwrap();
+    }
+    let sweeper = s.spawn_sweeper(Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    assert_eq!(s.used_bytes(), 0);
+    assert_eq!(s.purge_expired(), 0);
+    sweeper.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn admin_times_come_from_the_injected_clock() {
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let clock = Arc::new(crate::clock::ManualClock::new(start));
+    let s = MemoryStore::with_clock(1 << 20, clock);
+    lock(&s, "a", DAY).await.unwrap();
+    let info = s.get(&key("a")).await.unwrap().unwrap();
+    assert_eq!(info.created_at, start);
+    assert_eq!(info.expires_at, start + DAY);
+}
