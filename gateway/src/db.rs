@@ -46,6 +46,17 @@ pub enum Database {
     Postgres(PgPool),
 }
 
+/// Connects to PostgreSQL and applies the migrations (idempotent: already applied ones are skipped).
+pub async fn connect_postgres(url: &str) -> Result<PgPool, DbError> {
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect(url)
+        .await?;
+    POSTGRES_MIGRATIONS.run(&pool).await?;
+    Ok(pool)
+}
+
 /// SHA-256 of an API key: the only form in which keys are stored or compared.
 pub fn hash_api_key(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()
@@ -76,15 +87,7 @@ impl Database {
                 SQLITE_MIGRATIONS.run(&pool).await?;
                 Self::Sqlite(pool)
             }
-            DatabaseBackend::Postgres(url) => {
-                let pool = PgPoolOptions::new()
-                    .max_connections(8)
-                    .acquire_timeout(CONNECT_TIMEOUT)
-                    .connect(url)
-                    .await?;
-                POSTGRES_MIGRATIONS.run(&pool).await?;
-                Self::Postgres(pool)
-            }
+            DatabaseBackend::Postgres(url) => Self::Postgres(connect_postgres(url).await?),
         };
         Ok(db)
     }

@@ -16,6 +16,7 @@ pub mod config;
 pub mod db;
 pub mod demo_upstream;
 pub mod forwarded;
+pub mod idempotency;
 pub mod limits;
 pub mod metrics;
 pub mod ops;
@@ -59,6 +60,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The idempotency store could not be built.
+    #[error(transparent)]
+    Idempotency(#[from] idempotency::IdempotencyStoreError),
     /// A Redis URL could not be used.
     #[error("storage: invalid Redis URL: {0}")]
     Redis(#[from] redis::RedisError),
@@ -74,6 +78,7 @@ pub async fn run(
     let db = Database::connect(&config.storage.database).await?;
     db.upsert_tenants(&config.tenants).await?;
     let directory = Arc::new(Directory::new(db.load_snapshot().await?));
+    let idempotency_store = idempotency::build_store(&config).await?;
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -126,6 +131,7 @@ pub async fn run(
         upstreams,
         dependencies,
         directory,
+        idempotency_store,
         health: health.clone(),
     };
     let service = stack::build(&config, parts);

@@ -12,14 +12,23 @@ use tower::{Layer, Service};
 use crate::problem::Problem;
 use crate::proxy::{ProxyError, ProxyErrorKind};
 use crate::retry::RetryError;
+use portcullis_idempotency::NotForwarded;
 
 /// Errors that know which problem they are.
 pub trait IntoProblem: std::error::Error {
     /// The client-facing problem; internals stay in the log.
     fn problem(&self) -> Problem;
+
+    /// Whether the request provably never reached the backend (the idempotency layer then
+    /// releases the key instead of storing this answer).
+    fn provably_unprocessed(&self) -> bool;
 }
 
 impl IntoProblem for RetryError<ProxyError> {
+    fn provably_unprocessed(&self) -> bool {
+        self.is_provably_unprocessed()
+    }
+
     fn problem(&self) -> Problem {
         let problem = match self {
             RetryError::Upstream(err) => return err.problem(),
@@ -54,6 +63,10 @@ impl IntoProblem for RetryError<ProxyError> {
 }
 
 impl IntoProblem for ProxyError {
+    fn provably_unprocessed(&self) -> bool {
+        self.is_provably_unprocessed()
+    }
+
     fn problem(&self) -> Problem {
         let endpoint_note = "the request was not processed by the backend";
         match self.kind() {
@@ -123,7 +136,11 @@ where
                 Err(err) => {
                     let problem = err.problem();
                     tracing::warn!(error = %err, status = problem.status().as_u16(), "upstream request failed");
-                    Ok(problem.into_response())
+                    let mut response = problem.into_response();
+                    if err.provably_unprocessed() {
+                        response.extensions_mut().insert(NotForwarded);
+                    }
+                    Ok(response)
                 }
             }
         }

@@ -22,14 +22,17 @@ use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
 use crate::tenant::{Directory, TenantLayer};
+use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 
 /// Everything the pipeline is built from.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StackParts {
     /// Upstream pools, indexed as in the configuration.
     pub upstreams: Vec<Arc<Upstream>>,
     /// Retry budget and breaker per upstream, indexed like `upstreams`.
     pub dependencies: Vec<Arc<Dependency>>,
+    /// Idempotency records.
+    pub idempotency_store: Arc<dyn Store>,
     /// Tenants and API keys, kept fresh from the database.
     pub directory: Arc<Directory>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
@@ -52,8 +55,15 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
         ))) // longest prefix → MatchedRoute + RetryTarget, else 404
         .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
+        .layer(IdempotencyLayer::new(
+            parts.idempotency_store.clone(),
+            crate::idempotency::extractor(config),
+        )) // keyed POST/PATCH: lock, replay, 409/422
         .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
-        .layer(RetryLayer::new(|_| false, Arc::new(SystemWallClock))) // the one retry layer: ladder, backoff, budget, breaker, deadline
+        .layer(RetryLayer::new(
+            |ext| ext.get::<IdempotencyLock>().is_some(),
+            Arc::new(SystemWallClock),
+        )) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt
     let pipeline = BoxCloneService::new(pipeline);
     let health = parts.health;

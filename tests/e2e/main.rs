@@ -20,3 +20,7 @@ mod harness_services;
 mod retry_classification;
 // Tenant resolution: API keys (hashed), 401 for unknown keys, live revocation.
 mod tenant_resolution;
+// Idempotency-Key through the binary: single execution, replay, outcome table, scoping.
+mod idempotency_replay;
+// Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
+mod idempotency_shared;

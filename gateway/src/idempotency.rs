@@ -1,0 +1,110 @@
+//! Wiring of the `portcullis-idempotency` crate: the store chosen by `storage.idempotency`
+//! (the only `match` on it) and the extractor that turns the matched route and caller into
+//! the layer's per-request settings.
+//!
+//! Records are scoped by tenant and route prefix. Anonymous callers are scoped by client IP
+//! (`ip:203.0.113.9`), so one anonymous client can neither read nor block another's keys.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use portcullis_idempotency::{
+    ExtractSettings, IdempotencySettings as LayerSettings, MemoryStore, OnInFlight, PostgresStore,
+    RedisStore, Store, StoreError,
+};
+
+use crate::config::{Config, IdempotencyBackend, InFlightMode};
+use crate::forwarded::ClientIp;
+use crate::router::MatchedRoute;
+use crate::tenant::Caller;
+
+/// How often the memory store drops expired records.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How often, and how many at a time, PostgreSQL expired records are reaped.
+const REAP_EVERY: Duration = Duration::from_secs(30);
+const REAP_BATCH: i64 = 1000;
+
+/// Why the idempotency store could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdempotencyStoreError {
+    /// Redis could not be reached or the URL is unusable.
+    #[error("storage.idempotency: {0}")]
+    Store(#[from] StoreError),
+    /// PostgreSQL could not be reached or migrated.
+    #[error("storage.idempotency: {0}")]
+    Database(#[from] crate::db::DbError),
+}
+
+/// Builds the configured store and starts its background expiry.
+pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyStoreError> {
+    let store: Arc<dyn Store> = match &config.storage.idempotency {
+        IdempotencyBackend::Memory => {
+            let capacity = usize::try_from(config.storage.memory_max_bytes).unwrap_or(usize::MAX);
+            let store = Arc::new(MemoryStore::new(capacity));
+            store.spawn_sweeper(SWEEP_EVERY);
+            store
+        }
+        IdempotencyBackend::Redis(url) => {
+            // Redis keeps time on the server; a round trip gets the same budget as rate limiting.
+            Arc::new(
+                RedisStore::connect(
+                    url,
+                    config.storage.state_timeout.max(Duration::from_millis(100)),
+                )
+                .await?,
+            )
+        }
+        IdempotencyBackend::Postgres(url) => {
+            let pool = crate::db::connect_postgres(url).await?;
+            let store = PostgresStore::new(pool);
+            store.spawn_reaper(REAP_EVERY, REAP_BATCH);
+            Arc::new(store)
+        }
+    };
+    Ok(store)
+}
+
+/// The per-route settings, built once; the extractor only fills in the tenant.
+pub fn extractor(config: &Config) -> ExtractSettings {
+    let templates: Vec<Option<LayerSettings>> = config
+        .routes
+        .iter()
+        .map(|route| {
+            let idem = route.idempotency.as_ref()?;
+            let upstream = config.upstreams.get(route.upstream)?;
+            let mut settings = LayerSettings::new(String::new(), route.prefix.clone());
+            settings.methods = idem.methods.clone();
+            settings.require_key = idem.require_key;
+            settings.ttl = idem.ttl;
+            settings.lease = idem.lease;
+            settings.on_in_flight = match idem.on_in_flight {
+                InFlightMode::Reject => OnInFlight::Reject,
+                InFlightMode::Wait(bound) => OnInFlight::Wait(bound),
+            };
+            settings.max_key_len = idem.max_key_length;
+            settings.max_body_bytes =
+                usize::try_from(config.server.max_body_bytes).unwrap_or(usize::MAX);
+            settings.max_stored_response_bytes = idem.max_response_bytes;
+            settings.upstream_dedupes_keys = upstream.dedupes_idempotency_keys;
+            Some(settings)
+        })
+        .collect();
+    Arc::new(move |parts: &Parts| {
+        let route = parts.extensions.get::<MatchedRoute>()?;
+        let template = templates.get(route.0.index)?.as_ref()?;
+        if !template.methods.contains(&parts.method) {
+            return None;
+        }
+        let mut settings = template.clone();
+        settings.tenant = match parts.extensions.get::<Caller>() {
+            Some(Caller::Tenant(tenant)) => tenant.id.to_string(),
+            _ => match parts.extensions.get::<ClientIp>() {
+                Some(ip) => format!("ip:{}", ip.0),
+                None => "ip:unknown".to_owned(),
+            },
+        };
+        Some(settings)
+    })
+}
