@@ -1,1 +1,94 @@
-//! Token-bucket (GCRA) rate limiting for Portcullis, as a tower `Layer` (in progress).
+//! Token-bucket (GCRA) rate limiting as a tower [`Layer`](tower::Layer), with an
+//! in-process backend and a Redis backend shared by gateway replicas.
+//!
+//! Every request the application's extractor describes is checked against all of its
+//! policies (tenant or client IP, route, global…) in **one atomic, all-or-nothing decision**:
+//! a rejected request consumes no tokens anywhere. Rejections are answered at once with
+//! **429** + `Retry-After` and an RFC 9457 problem+json body; admitted responses carry
+//! `X-RateLimit-*` and the IETF `RateLimit-Policy` / `RateLimit` fields. Nothing is queued.
+//!
+//! # Where to put this layer
+//!
+//! ```text
+//! listener → request-id → body limits → tenant resolution → load shedder
+//!          → RateLimitLayer → idempotency → router → retry → upstream
+//! ```
+//!
+//! *After* tenant resolution, because the extractor needs to know who is calling (an
+//! unknown API key must be refused with 401 before it can spend anyone's quota), and after
+//! the load shedder, which protects the process itself and must stay the cheapest check.
+//! *Before* idempotency, so a rate-limited retry is refused before it takes an idempotency
+//! lock (429 is "provably not processed": the client may retry with the same key).
+//!
+//! # Example
+//!
+//! ```
+//! use std::{net::IpAddr, sync::Arc, time::Duration};
+//! use axum::{routing::get, Router};
+//! use portcullis_ratelimit::{LimitKey, LimitRequest, LocalLimiter, Policy, RateLimitLayer};
+//!
+//! let per_ip = Arc::new(Policy::try_new("ip", 10, Duration::from_secs(1), 20)?);
+//! let global = Arc::new(Policy::try_new("global", 50_000, Duration::from_secs(1), 100_000)?);
+//! let layer = RateLimitLayer::new(Arc::new(LocalLimiter::new()), move |req: &http::request::Parts| {
+//!     let ip = req.extensions.get::<IpAddr>()?; // inserted by an earlier layer; else pass
+//!     Some(LimitRequest::new()
+//!         .with(LimitKey::ip(*ip), per_ip.clone(), 1)
+//!         .with(LimitKey::global(), global.clone(), 1))
+//! });
+//! let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Distributed, with a local fallback sized for 3 replicas while Redis is unreachable:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! use portcullis_ratelimit::{FallbackConfig, FallbackLimiter, Limiter, RedisLimiter, RedisLimiterConfig};
+//! let redis = RedisLimiter::open("redis://127.0.0.1:6379", RedisLimiterConfig::default())?;
+//! let config = FallbackConfig { replicas: 3, ..FallbackConfig::default() };
+//! let limiter: Arc<dyn Limiter> = Arc::new(FallbackLimiter::new(Arc::new(redis), config));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Modules
+//!
+//! - [`gcra`]: the arithmetic, pure, property-tested; [`decision`]: what it produces;
+//! - [`policy`], [`key`]: what is limited and under which (hash-tagged) key;
+//! - [`limiter`]: the [`Limiter`] trait, [`LocalLimiter`], [`RedisLimiter`],
+//!   [`FallbackLimiter`], and the consumption semantics shared by all;
+//! - [`headers`], [`rejection`]: what the client sees;
+//! - [`clock`]: injected time; [`metrics`]: the metric names.
+//!
+//! # Shadow policies
+//!
+//! A policy built `.with_shadow(true)` is evaluated, counted
+//! (`ratelimit_shadow_rejections_total`) and may be the policy reported in the headers, but
+//! never rejects. It consumes tokens only when the request is admitted and it would itself
+//! have admitted it, so its bucket shows what enforcing it would do to the traffic that
+//! really passes; it never drains, nor is drained by, the enforced policies' verdicts.
+
+#![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod decision;
+pub mod gcra;
+pub mod headers;
+pub mod key;
+pub mod layer;
+pub mod limiter;
+pub mod metrics;
+pub mod policy;
+pub mod rejection;
+pub mod service;
+
+pub use crate::clock::{Clock, ManualClock, SystemClock};
+pub use crate::decision::{ceil_secs, Decision, Verdict};
+pub use crate::key::{LimitKey, Principal};
+pub use crate::layer::{Extract, RateLimitLayer};
+pub use crate::limiter::{
+    Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest, Limiter, LimiterError,
+    LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,
+};
+pub use crate::policy::{Policy, PolicyError};
+pub use crate::rejection::Rejection;
+pub use crate::service::RateLimit;

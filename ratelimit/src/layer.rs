@@ -1,0 +1,86 @@
+//! [`RateLimitLayer`]: wraps a service in [`RateLimit`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use tower::Layer;
+
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::{LimitRequest, Limiter};
+use crate::service::RateLimit;
+
+/// What the layer asks of the surrounding application: the checks that apply to a request,
+/// read from its head (typically a `Tenant` extension inserted by an earlier layer and the
+/// matched route). `None` (or an empty request) lets the request pass untouched.
+pub type Extract = Arc<dyn Fn(&Parts) -> Option<LimitRequest> + Send + Sync>;
+
+/// `Retry-After` of the 503 answered when the limiter fails and no better hint exists.
+pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A tower layer that rate-limits requests. `Clone + Send + Sync`, cheap to clone.
+///
+/// ```text
+/// … → tenant resolution → load shedder → RateLimitLayer → idempotency → router → …
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    pub(crate) limiter: Arc<dyn Limiter>,
+    pub(crate) extract: Extract,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) unavailable_retry_after: Duration,
+}
+
+// === impl RateLimitLayer ===
+
+impl RateLimitLayer {
+    /// A layer deciding with `limiter` the checks `extract` returns for each request.
+    pub fn new<F>(limiter: Arc<dyn Limiter>, extract: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<LimitRequest> + Send + Sync + 'static,
+    {
+        Self::from_shared(limiter, Arc::new(extract))
+    }
+
+    /// Like [`RateLimitLayer::new`], with an already shared extractor.
+    pub fn from_shared(limiter: Arc<dyn Limiter>, extract: Extract) -> Self {
+        Self {
+            limiter,
+            extract,
+            clock: Arc::new(SystemClock),
+            unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+        }
+    }
+
+    /// The wall clock used for `X-RateLimit-Reset` and the problem's `reset` (default:
+    /// [`SystemClock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// `Retry-After` of the 503 answered when the limiter cannot decide (default 1 s).
+    pub fn with_unavailable_retry_after(mut self, retry_after: Duration) -> Self {
+        self.unavailable_retry_after = retry_after;
+        self
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.clone())
+    }
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("clock", &self.clock)
+            .field("unavailable_retry_after", &self.unavailable_retry_after)
+            .finish_non_exhaustive()
+    }
+}

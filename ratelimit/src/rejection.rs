@@ -1,0 +1,212 @@
+//! The responses this layer answers with instead of calling the service: RFC 9457
+//! problem+json 429 (quota exceeded) and 503 (store unavailable, fail closed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::decision::{ceil_secs, Decision};
+use crate::headers::write_headers;
+use crate::policy::Policy;
+
+/// `type` of a 429: the problem type registered by draft-ietf-httpapi-ratelimit-headers.
+pub const QUOTA_EXCEEDED_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// `type` of the 503 answered when the store is unavailable and the policy fails closed.
+pub const STORE_UNAVAILABLE_TYPE: &str =
+    "https://portcullis.dev/problems/rate-limit-store-unavailable";
+/// `application/problem+json`.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A request the layer refuses, and everything needed to tell the client what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// 429: a policy has no capacity for this request.
+    RateLimited {
+        /// The violated policy.
+        policy: Arc<Policy>,
+        /// Its decision (the longest wait among violated policies).
+        decision: Decision,
+        /// Wall-clock time of the decision, for `reset`.
+        unix_now: Duration,
+    },
+    /// 503: the shared store cannot decide and the request's policy fails closed.
+    StoreUnavailable {
+        /// When to try again.
+        retry_after: Duration,
+    },
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    type_: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset: Option<u64>,
+    retry_after: u64,
+}
+
+const RETRY_HOW: &str = "If the retry fails too, back off exponentially with random jitter \
+     instead of retrying in a loop, and send the same Idempotency-Key on every retry so the \
+     request is never executed twice.";
+
+// === impl Rejection ===
+
+impl Rejection {
+    /// HTTP status: 429 or 503.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// `Retry-After` in whole seconds, rounded up, at least 1.
+    pub fn retry_after(&self) -> u64 {
+        match self {
+            Self::RateLimited { decision, .. } => decision.retry_after_secs(),
+            Self::StoreUnavailable { retry_after } => ceil_secs(*retry_after).max(1),
+        }
+    }
+
+    /// The problem `type` URI.
+    pub fn problem_type(&self) -> &'static str {
+        match self {
+            Self::RateLimited { .. } => QUOTA_EXCEEDED_TYPE,
+            Self::StoreUnavailable { .. } => STORE_UNAVAILABLE_TYPE,
+        }
+    }
+
+    /// The problem+json response, with `Retry-After` (and, for 429, the rate-limit headers).
+    pub fn to_response(&self) -> Response<Body> {
+        let retry_after = self.retry_after();
+        let problem = match self {
+            Self::RateLimited {
+                policy,
+                decision,
+                unix_now,
+            } => Problem {
+                type_: QUOTA_EXCEEDED_TYPE,
+                title: "Request cannot be satisfied as assigned quota has been exceeded",
+                status: 429,
+                detail: format!(
+                    "Rate limit policy \"{}\" ({} per {:?}, bursts up to {}) has no capacity \
+                     left for this request. Wait {retry_after} s (Retry-After) before \
+                     retrying. {RETRY_HOW}",
+                    policy.name(),
+                    policy.rate(),
+                    policy.per(),
+                    policy.burst(),
+                ),
+                policy: Some(policy.name()),
+                limit: Some(decision.limit),
+                remaining: Some(decision.remaining),
+                reset: Some(unix_now.as_secs() + decision.reset_after_secs()),
+                retry_after,
+            },
+            Self::StoreUnavailable { .. } => Problem {
+                type_: STORE_UNAVAILABLE_TYPE,
+                title: "Rate limiting is temporarily unavailable",
+                status: 503,
+                detail: format!(
+                    "The rate-limit store cannot be reached and this request's policy fails \
+                     closed. Wait {retry_after} s (Retry-After) before retrying. {RETRY_HOW}"
+                ),
+                policy: None,
+                limit: None,
+                remaining: None,
+                reset: None,
+                retry_after,
+            },
+        };
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        if let Self::RateLimited {
+            policy,
+            decision,
+            unix_now,
+        } = self
+        {
+            write_headers(headers, policy, decision, *unix_now);
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        response
+    }
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> axum::response::Response {
+        self.to_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn quota_exceeded_problem() {
+        let policy = Policy::try_new("tenant", 100, Duration::from_secs(1), 200).unwrap();
+        let decision = Decision {
+            allowed: false,
+            shadow: false,
+            limit: 200,
+            remaining: 0,
+            reset_after: Duration::from_millis(1_990),
+            retry_after: Duration::from_millis(10),
+        };
+        let rejection = Rejection::RateLimited {
+            policy: Arc::new(policy),
+            decision,
+            unix_now: Duration::from_secs(1_700_000_000),
+        };
+        let response = rejection.to_response();
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["type"], QUOTA_EXCEEDED_TYPE);
+        assert_eq!(json["status"], 429);
+        assert_eq!(json["policy"], "tenant");
+        assert_eq!(json["limit"], 200);
+        assert_eq!(json["remaining"], 0);
+        assert_eq!(json["reset"], 1_700_000_002u64);
+        assert_eq!(json["retry_after"], 1);
+        let detail = json["detail"].as_str().unwrap();
+        assert!(detail.contains("Retry-After") && detail.contains("jitter"));
+        assert!(detail.contains("Idempotency-Key"));
+    }
+
+    #[test]
+    fn store_unavailable_problem() {
+        let r = Rejection::StoreUnavailable {
+            retry_after: Duration::from_millis(200),
+        };
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.retry_after(), 1);
+        let response = r.to_response();
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+        assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
+    }
+}
