@@ -8,8 +8,6 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
-use std::sync::Arc;
-
 use crate::config::{Bucket, DatabaseBackend, TenantSettings};
 use crate::tenant::{Snapshot, Tenant};
 
@@ -238,14 +236,14 @@ impl Database {
                     .filter(|r| r.0 == row.0)
                     .map(|r| (r.1.clone(), bucket(r.2, r.3, r.4)))
                     .collect();
-                Tenant {
-                    id: Arc::from(row.0.as_str()),
-                    disabled: row.1 != 0,
-                    bucket: bucket(row.2, row.3, row.4),
-                    daily_quota: row.5.and_then(|q| u64::try_from(q).ok()),
-                    monthly_quota: row.6.and_then(|q| u64::try_from(q).ok()),
+                Tenant::new(
+                    &row.0,
+                    bucket(row.2, row.3, row.4),
                     route_limits,
-                }
+                    row.5.and_then(|q| u64::try_from(q).ok()),
+                    row.6.and_then(|q| u64::try_from(q).ok()),
+                    row.1 != 0,
+                )
             })
             .collect();
         Ok(Snapshot::new(version, tenants, keys))

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod ops;
 pub mod problem;
 pub mod proxy;
+pub mod ratelimit;
 pub mod request_id;
 pub mod rescue;
 pub mod retry;
@@ -63,6 +64,9 @@ pub enum StartError {
     /// The idempotency store could not be built.
     #[error(transparent)]
     Idempotency(#[from] idempotency::IdempotencyStoreError),
+    /// The rate limiter could not be built.
+    #[error("storage.state: {0}")]
+    RateLimit(#[from] portcullis_ratelimit::LimiterError),
     /// A Redis URL could not be used.
     #[error("storage: invalid Redis URL: {0}")]
     Redis(#[from] redis::RedisError),
@@ -79,6 +83,7 @@ pub async fn run(
     db.upsert_tenants(&config.tenants).await?;
     let directory = Arc::new(Directory::new(db.load_snapshot().await?));
     let idempotency_store = idempotency::build_store(&config).await?;
+    let limiter = ratelimit::build_limiter(&config)?;
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -132,6 +137,7 @@ pub async fn run(
         dependencies,
         directory,
         idempotency_store,
+        limiter,
         health: health.clone(),
     };
     let service = stack::build(&config, parts);

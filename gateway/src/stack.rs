@@ -23,6 +23,7 @@ use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
 use crate::tenant::{Directory, TenantLayer};
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
+use portcullis_ratelimit::{Limiter, RateLimitLayer};
 
 /// Everything the pipeline is built from.
 #[derive(Clone)]
@@ -31,6 +32,8 @@ pub struct StackParts {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Retry budget and breaker per upstream, indexed like `upstreams`.
     pub dependencies: Vec<Arc<Dependency>>,
+    /// Rate-limit decisions.
+    pub limiter: Arc<dyn Limiter>,
     /// Idempotency records.
     pub idempotency_store: Arc<dyn Store>,
     /// Tenants and API keys, kept fresh from the database.
@@ -55,6 +58,10 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
         ))) // longest prefix → MatchedRoute + RetryTarget, else 404
         .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
+        .layer(RateLimitLayer::new(
+            parts.limiter.clone(),
+            crate::ratelimit::extractor(config),
+        )) // all policies at once; 429 + Retry-After, headers on every response
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::idempotency::extractor(config),

@@ -182,3 +182,16 @@ fn route_retry_overrides_inherit_the_rest_and_refuse_budget_fields() {
     let paths = invalid_paths(&format!("{MINIMAL}retry = {{ max_retries = 7 }}\n"));
     assert_eq!(paths, vec!["routes[0].retry.max_retries".to_owned()]);
 }
+
+#[test]
+fn route_cost_above_an_enforced_burst_is_refused() {
+    let text = format!(
+        "{MINIMAL}cost = 5\n\n[rate_limit]\nanonymous = {{ rate = 1, per = \"1s\", burst = 2 }}\n"
+    );
+    assert_eq!(invalid_paths(&text), vec!["routes[0].cost".to_owned()]);
+    let shadow = format!("{MINIMAL}cost = 5\n\n[rate_limit]\nanonymous = {{ rate = 1, per = \"1s\", burst = 2, shadow = true }}\n");
+    assert!(
+        Config::parse(&shadow, &env()).is_ok(),
+        "a shadow bucket never rejects"
+    );
+}

@@ -49,6 +49,38 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         }
     }
 
+    // A request costing more than a bucket can ever hold would be refused forever.
+    for (i, route) in routes.iter().enumerate() {
+        let cost = u64::from(route.cost);
+        let mut buckets: Vec<(String, u64)> = Vec::new();
+        // Shadow policies never reject, so they cannot lock a route out.
+        let enforced = |b: &Bucket| !b.shadow;
+        buckets.extend(
+            rate_limit
+                .anonymous
+                .filter(enforced)
+                .map(|b| ("rate_limit.anonymous.burst".to_owned(), b.burst)),
+        );
+        buckets.extend(
+            rate_limit
+                .global
+                .filter(enforced)
+                .map(|b| ("rate_limit.global.burst".to_owned(), b.burst)),
+        );
+        buckets.extend(
+            route
+                .limit
+                .filter(enforced)
+                .map(|b| (format!("routes[{i}].limit.burst"), b.burst)),
+        );
+        for (t, tenant) in tenants.iter().enumerate() {
+            buckets.push((format!("tenants[{t}].burst"), tenant.bucket.burst));
+        }
+        if let Some((field, burst)) = buckets.into_iter().find(|(_, burst)| cost > *burst) {
+            issues.push(format!("routes[{i}].cost"), format!("= {cost}: must not exceed {field} ({burst}), or no request could ever be admitted"));
+        }
+    }
+
     issues.finish()?;
     Ok(Config {
         server,

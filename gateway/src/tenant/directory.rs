@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use portcullis_ratelimit::Policy;
+
 use crate::config::Bucket;
 use crate::db::{Database, DbError};
 
@@ -16,7 +18,7 @@ use crate::db::{Database, DbError};
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// A tenant as the request path sees it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Tenant {
     /// Tenant id.
     pub id: Arc<str>,
@@ -30,6 +32,53 @@ pub struct Tenant {
     pub monthly_quota: Option<u64>,
     /// Disabled tenants are refused like unknown keys.
     pub disabled: bool,
+    /// The bucket as a rate-limit policy, built once per snapshot (not per request).
+    pub policy: Option<Arc<Policy>>,
+    /// The per-route overrides as policies, by route prefix.
+    pub route_policies: HashMap<String, Arc<Policy>>,
+}
+
+// === impl Tenant ===
+
+impl Tenant {
+    /// A tenant with its rate-limit policies built from its buckets.
+    pub fn new(
+        id: &str,
+        bucket: Bucket,
+        route_limits: HashMap<String, Bucket>,
+        daily_quota: Option<u64>,
+        monthly_quota: Option<u64>,
+        disabled: bool,
+    ) -> Self {
+        let policy = build_policy("tenant", &bucket, id);
+        let route_policies = route_limits
+            .iter()
+            .filter_map(|(prefix, b)| Some((prefix.clone(), build_policy("route", b, id)?)))
+            .collect();
+        Self {
+            id: Arc::from(id),
+            bucket,
+            route_limits,
+            daily_quota,
+            monthly_quota,
+            disabled,
+            policy,
+            route_policies,
+        }
+    }
+}
+
+/// A policy from a stored bucket; values the database constraints let through but the
+/// limiter refuses are logged and leave the tenant unlimited on that policy rather than
+/// unable to call at all.
+pub fn build_policy(name: &str, bucket: &Bucket, tenant: &str) -> Option<Arc<Policy>> {
+    match Policy::try_new(name, bucket.rate, bucket.per, bucket.burst) {
+        Ok(policy) => Some(Arc::new(policy.with_shadow(bucket.shadow))),
+        Err(err) => {
+            tracing::warn!(tenant, policy = name, %err, "invalid stored limit ignored");
+            None
+        }
+    }
 }
 
 /// One consistent view of all tenants.

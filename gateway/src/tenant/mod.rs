@@ -23,7 +23,7 @@ use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
-pub use directory::{Directory, Snapshot, Tenant, REFRESH_INTERVAL};
+pub use directory::{build_policy, Directory, Snapshot, Tenant, REFRESH_INTERVAL};
 
 use crate::forwarded::{ClientIp, PeerAddr, TrustedProxies};
 use crate::problem::Problem;

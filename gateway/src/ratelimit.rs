@@ -1,0 +1,117 @@
+//! Wiring of the `portcullis-ratelimit` crate: the limiter chosen by `storage.state` (the only
+//! `match` on it) and the extractor that lists every policy applying to a request.
+//!
+//! Policies per request, all checked in one all-or-nothing decision:
+//! - the caller: the tenant's bucket, or the anonymous per-IP bucket;
+//! - the route's own limit for that caller (the tenant's override for the route, else the
+//!   route's `limit`), when there is one;
+//! - the global ceiling.
+//!
+//! Every policy is charged the route's `cost`.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+use portcullis_ratelimit::{
+    FailMode, FallbackConfig, FallbackLimiter, LimitKey, LimitRequest, Limiter, LimiterError,
+    LocalLimiter, Policy, Principal, RedisLimiter, RedisLimiterConfig,
+};
+
+use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
+use crate::forwarded::ClientIp;
+use crate::router::MatchedRoute;
+use crate::tenant::{build_policy, Caller};
+
+/// Builds the configured limiter. Redis is wrapped in the fallback that applies
+/// `rate_limit.on_store_error` when Redis fails or is slow.
+pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, LimiterError> {
+    let limiter: Arc<dyn Limiter> = match &config.storage.state {
+        StateBackend::Memory => Arc::new(LocalLimiter::new()),
+        StateBackend::Redis(url) => {
+            let redis = RedisLimiter::open(
+                url,
+                RedisLimiterConfig {
+                    timeout: config.storage.state_timeout,
+                    ..RedisLimiterConfig::default()
+                },
+            )?;
+            let fallback = FallbackConfig {
+                mode: match config.rate_limit.on_store_error {
+                    StoreErrorMode::FailOpen => FailMode::Open,
+                    StoreErrorMode::FailClosed => FailMode::Closed,
+                },
+                replicas: config.rate_limit.replicas,
+                ..FallbackConfig::default()
+            };
+            Arc::new(FallbackLimiter::new(Arc::new(redis), fallback))
+        }
+    };
+    Ok(limiter)
+}
+
+/// The policies that are not per tenant, built once.
+#[derive(Debug, Clone)]
+struct StaticPolicies {
+    anonymous: Option<Arc<Policy>>,
+    global: Option<Arc<Policy>>,
+    /// By route index.
+    routes: Vec<Option<Arc<Policy>>>,
+}
+
+fn static_policy(name: &str, bucket: Option<&Bucket>) -> Option<Arc<Policy>> {
+    build_policy(name, bucket?, "-")
+}
+
+/// The extractor for `RateLimitLayer`: `None` (no policy at all) passes the request through.
+pub fn extractor(
+    config: &Config,
+) -> impl Fn(&Parts) -> Option<LimitRequest> + Send + Sync + 'static {
+    let policies = StaticPolicies {
+        anonymous: static_policy("ip", config.rate_limit.anonymous.as_ref()),
+        global: static_policy("global", config.rate_limit.global.as_ref()),
+        routes: config
+            .routes
+            .iter()
+            .map(|r| static_policy("route", r.limit.as_ref()))
+            .collect(),
+    };
+    move |parts: &Parts| {
+        let route = parts.extensions.get::<MatchedRoute>()?;
+        let cost = route.0.settings.cost;
+        let prefix = route.0.settings.prefix.as_str();
+        let route_default = policies.routes.get(route.0.index).and_then(Option::as_ref);
+        let mut request = LimitRequest::new();
+        match parts.extensions.get::<Caller>() {
+            Some(Caller::Tenant(tenant)) => {
+                if let Some(policy) = &tenant.policy {
+                    request.push(LimitKey::tenant(&tenant.id), policy.clone(), cost);
+                }
+                if let Some(policy) = tenant.route_policies.get(prefix).or(route_default) {
+                    request.push(
+                        LimitKey::route(Principal::Tenant(&tenant.id), prefix),
+                        policy.clone(),
+                        cost,
+                    );
+                }
+            }
+            _ => {
+                if let Some(ip) = parts.extensions.get::<ClientIp>() {
+                    if let Some(policy) = &policies.anonymous {
+                        request.push(LimitKey::ip(ip.0), policy.clone(), cost);
+                    }
+                    if let Some(policy) = route_default {
+                        request.push(
+                            LimitKey::route(Principal::Ip(ip.0), prefix),
+                            policy.clone(),
+                            cost,
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(policy) = &policies.global {
+            request.push(LimitKey::global(), policy.clone(), cost);
+        }
+        (!request.is_empty()).then_some(request)
+    }
+}

@@ -1,0 +1,230 @@
+//! Rate limiting through the real binary: burst then 429, the headers, cost weights, tenant
+//! and client isolation, shadow policies, load shedding.
+
+use std::time::Duration;
+
+use portcullis_testkit::gateway::GatewayProcess;
+use portcullis_testkit::upstream::{ScriptedUpstream, Step};
+
+use crate::common::{assert_problem, client, BIN};
+
+fn config(upstream: &str, tenants: &str, extra: &str) -> String {
+    format!(
+        "{extra}\n{tenants}\n[[upstreams]]\nname = \"u\"\nendpoints = [\"{upstream}\"]\nretry = {{ max_retries = 0 }}\n\n[[routes]]\nprefix = \"/\"\nupstream = \"u\"\n\n[[routes]]\nprefix = \"/heavy\"\nupstream = \"u\"\ncost = 3\n"
+    )
+}
+
+const TWO_TENANTS: &str = "[[tenants]]\nid = \"acme\"\napi_keys = [\"acme-key-0001\"]\nrate = 1\nper = \"2s\"\nburst = 5\n\n[[tenants]]\nid = \"globex\"\napi_keys = [\"globex-key-0001\"]\nrate = 1\nper = \"2s\"\nburst = 5\n";
+
+async fn get(gateway: &GatewayProcess, path: &str, key: Option<&str>) -> reqwest::Response {
+    let mut request = client().get(gateway.url() + path);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.unwrap()
+}
+
+fn header(response: &reqwest::Response, name: &str) -> String {
+    response
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn burst_is_admitted_then_429_tells_when_to_come_back() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), TWO_TENANTS, "")).await;
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let response = get(&gateway, "/x", Some("acme-key-0001")).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(header(&response, "x-ratelimit-limit"), "5");
+        assert!(
+            header(&response, "ratelimit-policy").contains("\"tenant\";q=1;w=2"),
+            "{}",
+            header(&response, "ratelimit-policy")
+        );
+        remaining.push(
+            header(&response, "x-ratelimit-remaining")
+                .parse::<u64>()
+                .unwrap(),
+        );
+    }
+    assert_eq!(remaining, vec![4, 3, 2, 1, 0]);
+
+    let rejected = get(&gateway, "/x", Some("acme-key-0001")).await;
+    let retry_after: u64 = header(&rejected, "retry-after").parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    let reset: u64 = header(&rejected, "x-ratelimit-reset").parse().unwrap();
+    assert!(
+        reset > 1_700_000_000,
+        "X-RateLimit-Reset is an epoch timestamp: {reset}"
+    );
+    assert!(
+        header(&rejected, "ratelimit").contains("\"tenant\";r=0;t="),
+        "{}",
+        header(&rejected, "ratelimit")
+    );
+    let body = assert_problem(rejected, 429).await;
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["policy"], "tenant");
+    assert_eq!(body["retry_after"], retry_after);
+    let detail = body["detail"].as_str().unwrap().to_lowercase();
+    assert!(
+        detail.contains("jitter") && detail.contains("idempotency-key"),
+        "{detail}"
+    );
+    assert_eq!(
+        upstream.hit_count(),
+        5,
+        "a rejected request never reaches the upstream"
+    );
+
+    tokio::time::sleep(Duration::from_secs(retry_after)).await;
+    assert_eq!(
+        get(&gateway, "/x", Some("acme-key-0001")).await.status(),
+        200,
+        "admitted after Retry-After"
+    );
+}
+
+#[tokio::test]
+async fn remaining_drops_by_the_route_cost_and_the_two_header_families_agree() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), TWO_TENANTS, "")).await;
+    let first = get(&gateway, "/heavy/a", Some("acme-key-0001")).await;
+    assert_eq!(header(&first, "x-ratelimit-remaining"), "2");
+    let rl = header(&first, "ratelimit");
+    assert!(
+        rl.contains(";r=2;"),
+        "RateLimit agrees with X-RateLimit-Remaining: {rl}"
+    );
+    let t: u64 = rl.rsplit("t=").next().unwrap().parse().unwrap();
+    let reset: u64 = header(&first, "x-ratelimit-reset").parse().unwrap();
+    let date = httpdate::parse_http_date(&header(&first, "date")).unwrap();
+    let now = date
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        reset.abs_diff(now + t) <= 1,
+        "Reset {reset} vs now {now} + t {t}"
+    );
+    let second = get(&gateway, "/heavy/b", Some("acme-key-0001")).await;
+    assert_eq!(second.status(), 429, "2 tokens left, the route costs 3");
+    let cheap = get(&gateway, "/c", Some("acme-key-0001")).await;
+    assert_eq!(cheap.status(), 200, "a rejected request consumed nothing");
+    assert_eq!(header(&cheap, "x-ratelimit-remaining"), "1");
+}
+
+#[tokio::test]
+async fn tenants_anonymous_clients_and_spoofed_forwarding_are_isolated() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let anonymous = "[rate_limit]\nanonymous = { rate = 1, per = \"10s\", burst = 3 }\n";
+    let gateway =
+        GatewayProcess::start(BIN, &config(&upstream.url(), TWO_TENANTS, anonymous)).await;
+    for _ in 0..5 {
+        assert_eq!(
+            get(&gateway, "/a", Some("acme-key-0001")).await.status(),
+            200
+        );
+    }
+    assert_eq!(
+        get(&gateway, "/a", Some("acme-key-0001")).await.status(),
+        429
+    );
+    assert_eq!(
+        get(&gateway, "/a", Some("globex-key-0001")).await.status(),
+        200,
+        "globex has its own bucket"
+    );
+    // Anonymous traffic has its own per-IP bucket: it neither spends nor is blocked by acme's.
+    for _ in 0..3 {
+        assert_eq!(get(&gateway, "/a", None).await.status(), 200);
+    }
+    // 127.0.0.1 is not a trusted proxy here: a forged X-Forwarded-For does not buy a new bucket.
+    let spoofed = client()
+        .get(gateway.url() + "/a")
+        .header("x-forwarded-for", "198.51.100.77")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(spoofed.status(), 429);
+    assert_eq!(
+        header(&spoofed, "ratelimit-policy")
+            .split(';')
+            .next()
+            .unwrap(),
+        "\"ip\""
+    );
+}
+
+#[tokio::test]
+async fn shadow_policy_counts_but_never_rejects() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let shadow =
+        "[rate_limit]\nanonymous = { rate = 1, per = \"10s\", burst = 1, shadow = true }\n";
+    let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), "", shadow)).await;
+    for _ in 0..5 {
+        let response = get(&gateway, "/s", None).await;
+        assert_eq!(response.status(), 200, "shadow mode never rejects");
+        assert!(
+            response.headers().contains_key("x-ratelimit-limit"),
+            "headers are still emitted"
+        );
+    }
+    let metrics = client()
+        .get(gateway.admin_url() + "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let shadow_line = metrics
+        .lines()
+        .find(|l| l.starts_with("ratelimit_shadow_rejections_total"))
+        .unwrap_or_else(|| panic!("no shadow counter in:\n{metrics}"));
+    let count: f64 = shadow_line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 3.0, "{shadow_line}");
+}
+
+#[tokio::test]
+async fn load_shedding_answers_503_at_once_over_the_cap() {
+    let upstream = ScriptedUpstream::start_with_fallback(
+        vec![],
+        Step::stall(Duration::from_millis(1500), Step::ok("slow")),
+    )
+    .await;
+    let cap =
+        "[server]\nlisten = \"{listen}\"\nadmin_listen = \"{admin_listen}\"\nmax_in_flight = 2\n";
+    let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), "", cap)).await;
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let url = gateway.url() + "/slow";
+            tokio::spawn(async move { client().get(url).send().await.unwrap().status() })
+        })
+        .collect();
+    for _ in 0..100 {
+        if upstream.hit_count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shed = get(&gateway, "/third", None).await;
+    assert_eq!(header(&shed, "retry-after"), "1");
+    assert_problem(shed, 503).await;
+    for task in slow {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    assert_eq!(
+        get(&gateway, "/after", None).await.status(),
+        200,
+        "permits come back with the responses"
+    );
+}

@@ -1,0 +1,269 @@
+//! `bench-upstream`: a minimal, fast HTTP/1.1 backend for the benchmarks in `bench/`.
+//!
+//! ```text
+//! bench-upstream [--port P] [--threads N] [--fail-503]
+//! ```
+//!
+//! - Binds `127.0.0.1:P` (default 18080). Loopback only.
+//! - `--threads N` (default 1): N OS threads, each a current-thread tokio runtime with its
+//!   own `SO_REUSEPORT` listener, so there is no cross-thread hand-off per request.
+//! - `GET` (any other non-POST method too) → `200 hello\n`; `POST` → the body is read, then
+//!   `201 {"id":N,"ok":true}`. Keep-alive, HTTP/1.1 only.
+//! - `--fail-503` starts in failing mode: every request gets `503` with an empty body and no
+//!   `Retry-After` (the worst case for retry amplification).
+//!
+//! Control endpoints (answered directly, never counted, never failed):
+//!
+//! - `GET /__bench/fail` — switch to "503 for everything";
+//! - `GET /__bench/ok` — switch back to normal answers;
+//! - `GET /__bench/reset` — zero the counters;
+//! - `GET /__bench/stats` — counters as one JSON line:
+//!   `{"hits":…,"ok":…,"fail":…,"post":…,"failing":false,"attempts":[a1,…,a6,other]}` where
+//!   `attempts[i]` counts hits whose `X-Retry-Attempt` header was `i+1` (the last slot counts
+//!   hits without the header or with another value).
+//!
+//! Stops on SIGINT/SIGTERM (the harness kills it by PID).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpSocket;
+
+const USAGE: &str = "usage: bench-upstream [--port P] [--threads N] [--fail-503]";
+const ATTEMPT_SLOTS: usize = 7;
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    ok: AtomicU64,
+    fail: AtomicU64,
+    post: AtomicU64,
+    attempts: [AtomicU64; ATTEMPT_SLOTS],
+    failing: AtomicBool,
+}
+
+impl Counters {
+    fn reset(&self) {
+        for c in [&self.hits, &self.ok, &self.fail, &self.post]
+            .into_iter()
+            .chain(self.attempts.iter())
+        {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn json(&self) -> String {
+        let attempts: Vec<String> = self
+            .attempts
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed).to_string())
+            .collect();
+        format!(
+            "{{\"hits\":{},\"ok\":{},\"fail\":{},\"post\":{},\"failing\":{},\"attempts\":[{}]}}\n",
+            self.hits.load(Ordering::Relaxed),
+            self.ok.load(Ordering::Relaxed),
+            self.fail.load(Ordering::Relaxed),
+            self.post.load(Ordering::Relaxed),
+            self.failing.load(Ordering::Relaxed),
+            attempts.join(",")
+        )
+    }
+}
+
+struct Options {
+    port: u16,
+    threads: usize,
+    fail: bool,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut options = Options {
+        port: 18080,
+        threads: 1,
+        fail: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--port" => {
+                let v = args.next().ok_or("--port needs a value")?;
+                options.port = v.parse().map_err(|_| format!("bad --port {v}"))?;
+            }
+            "--threads" => {
+                let v = args.next().ok_or("--threads needs a value")?;
+                options.threads = v.parse().map_err(|_| format!("bad --threads {v}"))?;
+                if options.threads == 0 || options.threads > 64 {
+                    return Err("--threads must be 1..=64".to_owned());
+                }
+            }
+            "--fail-503" => options.fail = true,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    Ok(options)
+}
+
+fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    counters: Arc<Counters>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path();
+    if let Some(command) = path.strip_prefix("/__bench/") {
+        let body = match command {
+            "fail" => {
+                counters.failing.store(true, Ordering::SeqCst);
+                counters.json()
+            }
+            "ok" => {
+                counters.failing.store(false, Ordering::SeqCst);
+                counters.json()
+            }
+            "reset" => {
+                counters.reset();
+                counters.json()
+            }
+            "stats" => counters.json(),
+            _ => {
+                return Ok(text(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    "unknown control\n",
+                ))
+            }
+        };
+        return Ok(text(StatusCode::OK, "application/json", body));
+    }
+
+    counters.hits.fetch_add(1, Ordering::Relaxed);
+    let slot = request
+        .headers()
+        .get("x-retry-attempt")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..ATTEMPT_SLOTS).contains(n))
+        .map_or(ATTEMPT_SLOTS - 1, |n| n - 1);
+    counters.attempts[slot].fetch_add(1, Ordering::Relaxed);
+
+    let is_post = request.method() == Method::POST;
+    // Read the body in every mode so the connection stays reusable.
+    let _ = request.into_body().collect().await;
+
+    if counters.failing.load(Ordering::Relaxed) {
+        counters.fail.fetch_add(1, Ordering::Relaxed);
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        return Ok(response);
+    }
+    counters.ok.fetch_add(1, Ordering::Relaxed);
+    if is_post {
+        let id = counters.post.fetch_add(1, Ordering::Relaxed) + 1;
+        return Ok(text(
+            StatusCode::CREATED,
+            "application/json",
+            format!("{{\"id\":{id},\"ok\":true}}\n"),
+        ));
+    }
+    Ok(text(
+        StatusCode::OK,
+        "text/plain",
+        Bytes::from_static(b"hello\n"),
+    ))
+}
+
+async fn serve(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(4096)?;
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.keep_alive(true);
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let counters = counters.clone();
+        let http = http.clone();
+        tokio::task::spawn_local(async move {
+            let service = hyper::service::service_fn(move |req| handle(req, counters.clone()));
+            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+fn run_thread(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, serve(addr, counters))
+}
+
+fn main() {
+    let options = match parse_args() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], options.port));
+    let counters = Arc::new(Counters::default());
+    counters.failing.store(options.fail, Ordering::SeqCst);
+    let mut threads = Vec::new();
+    for n in 0..options.threads {
+        let counters = counters.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("bench-upstream-{n}"))
+            .spawn(move || run_thread(addr, counters));
+        match spawned {
+            Ok(handle) => threads.push(handle),
+            Err(e) => {
+                eprintln!("bench-upstream: cannot start thread: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    eprintln!(
+        "bench-upstream listening on http://{addr} ({} thread(s), failing={})",
+        options.threads, options.fail
+    );
+    for handle in threads {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("bench-upstream: {e}");
+                std::process::exit(1);
+            }
+            Err(_) => std::process::exit(1),
+        }
+    }
+}
