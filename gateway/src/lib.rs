@@ -22,6 +22,8 @@ pub mod metrics;
 pub mod ops;
 pub mod problem;
 pub mod proxy;
+pub mod quota;
+pub mod quota_admin;
 pub mod ratelimit;
 pub mod request_id;
 pub mod rescue;
@@ -84,6 +86,13 @@ pub async fn run(
     let directory = Arc::new(Directory::new(db.load_snapshot().await?));
     let idempotency_store = idempotency::build_store(&config).await?;
     let limiter = ratelimit::build_limiter(&config)?;
+    let rejections = Arc::new(quota_admin::RejectionCounters::default());
+    // The admin API's view of rate limiting (usage, period reset and top-up).
+    let _quota_admin: Arc<dyn quota::QuotaAdmin> = Arc::new(quota_admin::LimiterQuotaAdmin::new(
+        limiter.clone(),
+        directory.clone(),
+        rejections.clone(),
+    ));
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -138,6 +147,7 @@ pub async fn run(
         directory,
         idempotency_store,
         limiter,
+        rejections,
         health: health.clone(),
     };
     let service = stack::build(&config, parts);

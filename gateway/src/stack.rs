@@ -15,6 +15,7 @@ use crate::limits::LimitsLayer;
 use crate::metrics::ObserveLayer;
 use crate::ops::{self, Health};
 use crate::proxy::{Proxy, Upstream};
+use crate::quota_admin::RejectionCounters;
 use crate::request_id::RequestIdLayer;
 use crate::rescue::RescueLayer;
 use crate::retry::{Dependency, RetryLayer, SystemWallClock};
@@ -36,6 +37,8 @@ pub struct StackParts {
     pub limiter: Arc<dyn Limiter>,
     /// Idempotency records.
     pub idempotency_store: Arc<dyn Store>,
+    /// 429s per tenant, for the usage view.
+    pub rejections: Arc<RejectionCounters>,
     /// Tenants and API keys, kept fresh from the database.
     pub directory: Arc<Directory>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
@@ -56,7 +59,11 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             &config.routes,
             &parts.dependencies,
         ))) // longest prefix → MatchedRoute + RetryTarget, else 404
-        .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
+        .layer(TenantLayer::new(
+            parts.directory.clone(),
+            trusted.clone(),
+            parts.rejections.clone(),
+        )) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
         .layer(RateLimitLayer::new(
             parts.limiter.clone(),

@@ -27,6 +27,7 @@ pub use directory::{build_policy, Directory, Snapshot, Tenant, REFRESH_INTERVAL}
 
 use crate::forwarded::{ClientIp, PeerAddr, TrustedProxies};
 use crate::problem::Problem;
+use crate::quota_admin::RejectionCounters;
 
 /// Header carrying an API key.
 pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -47,6 +48,7 @@ pub enum Caller {
 pub struct TenantLayer {
     directory: Arc<Directory>,
     trusted: Arc<TrustedProxies>,
+    rejections: Arc<RejectionCounters>,
 }
 
 /// The service of [`TenantLayer`].
@@ -58,8 +60,16 @@ pub struct ResolveTenant<S> {
 
 impl TenantLayer {
     /// Resolves against `directory`.
-    pub fn new(directory: Arc<Directory>, trusted: Arc<TrustedProxies>) -> Self {
-        Self { directory, trusted }
+    pub fn new(
+        directory: Arc<Directory>,
+        trusted: Arc<TrustedProxies>,
+        rejections: Arc<RejectionCounters>,
+    ) -> Self {
+        Self {
+            directory,
+            trusted,
+            rejections,
+        }
     }
 }
 
@@ -119,8 +129,24 @@ where
                 }
             }
         };
+        let tenant = match &caller {
+            Caller::Tenant(tenant) => Some(tenant.id.clone()),
+            Caller::Anonymous => None,
+        };
         request.extensions_mut().insert(caller);
-        self.inner.call(request).boxed()
+        let future = self.inner.call(request);
+        let Some(tenant) = tenant else {
+            return future.boxed();
+        };
+        let rejections = self.layer.rejections.clone();
+        async move {
+            let response = future.await?;
+            if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                rejections.record(&tenant);
+            }
+            Ok(response)
+        }
+        .boxed()
     }
 }
 

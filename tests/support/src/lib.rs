@@ -16,7 +16,8 @@
 //! use portcullis_testkit::{upstream::{ScriptedUpstream, Step}, gateway::GatewayProcess};
 //! let upstream = ScriptedUpstream::start(vec![Step::status(503), Step::ok("done")]).await;
 //! let config = format!("[[upstreams]]\nname = \"u\"\nendpoints = [\"{}\"]\n", upstream.url());
-//! let gateway = GatewayProcess::start(env!("CARGO_BIN_EXE_portcullis"), &config).await;
+//! // In a test target of the gateway package: env!("CARGO_BIN_EXE_portcullis").
+//! let gateway = GatewayProcess::start("target/debug/portcullis", &config).await;
 //! # }
 //! ```
 

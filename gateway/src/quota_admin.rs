@@ -1,0 +1,137 @@
+//! [`QuotaAdmin`] over the configured limiter and the tenant directory, plus the per-tenant
+//! rejection counters the usage view reports.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use portcullis_ratelimit::{Check, LimitKey, Limiter, Principal};
+
+use crate::quota::{BucketUsage, Period, PeriodUsage, QuotaAdmin, QuotaError, TenantUsage};
+use crate::tenant::Directory;
+
+/// 429s given per tenant by this replica. Bounded by the number of tenants in the directory.
+#[derive(Debug, Default)]
+pub struct RejectionCounters {
+    by_tenant: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
+}
+
+// === impl RejectionCounters ===
+
+impl RejectionCounters {
+    /// Counts one 429 for `tenant`.
+    pub fn record(&self, tenant: &Arc<str>) {
+        let counter = match self.by_tenant.lock() {
+            Ok(mut map) => map.entry(tenant.clone()).or_default().clone(),
+            Err(_) => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// 429s counted for `tenant`.
+    pub fn get(&self, tenant: &str) -> u64 {
+        self.by_tenant
+            .lock()
+            .ok()
+            .and_then(|map| map.get(tenant).map(|c| c.load(Ordering::Relaxed)))
+            .unwrap_or(0)
+    }
+}
+
+/// The gateway's [`QuotaAdmin`].
+#[derive(Debug)]
+pub struct LimiterQuotaAdmin {
+    limiter: Arc<dyn Limiter>,
+    directory: Arc<Directory>,
+    rejections: Arc<RejectionCounters>,
+}
+
+impl LimiterQuotaAdmin {
+    /// Over `limiter`, resolving tenants in `directory`.
+    pub fn new(
+        limiter: Arc<dyn Limiter>,
+        directory: Arc<Directory>,
+        rejections: Arc<RejectionCounters>,
+    ) -> Self {
+        Self {
+            limiter,
+            directory,
+            rejections,
+        }
+    }
+}
+
+#[async_trait]
+impl QuotaAdmin for LimiterQuotaAdmin {
+    async fn usage(&self, tenant: &str) -> Result<TenantUsage, QuotaError> {
+        let snapshot = self.directory.snapshot();
+        let Some(t) = snapshot.by_id(tenant) else {
+            return Err(QuotaError::UnknownTenant(tenant.to_owned()));
+        };
+        let mut checks = Vec::new();
+        let mut routes = Vec::new();
+        if let Some(policy) = &t.policy {
+            checks.push(Check {
+                key: LimitKey::tenant(&t.id),
+                policy: policy.clone(),
+                cost: 1,
+            });
+            routes.push(None);
+        }
+        for (prefix, policy) in &t.route_policies {
+            checks.push(Check {
+                key: LimitKey::route(Principal::Tenant(&t.id), prefix),
+                policy: policy.clone(),
+                cost: 1,
+            });
+            routes.push(Some(prefix.clone()));
+        }
+        let verdict = self
+            .limiter
+            .peek(&checks)
+            .await
+            .map_err(|e| QuotaError::Store(e.to_string()))?;
+        let buckets = verdict
+            .decisions()
+            .iter()
+            .zip(checks.iter().zip(routes))
+            .map(|(decision, (check, route))| BucketUsage {
+                policy: check.policy.name().to_owned(),
+                route,
+                limit: decision.limit,
+                remaining: decision.remaining,
+                reset_after_secs: decision.reset_after_secs(),
+            })
+            .collect();
+        Ok(TenantUsage {
+            tenant: tenant.to_owned(),
+            buckets,
+            periods: Vec::new(),
+            rejected_total: self.rejections.get(tenant),
+        })
+    }
+
+    async fn reset_period(&self, tenant: &str, period: Period) -> Result<PeriodUsage, QuotaError> {
+        self.period_quota(tenant, period)
+    }
+
+    async fn top_up(
+        &self,
+        tenant: &str,
+        period: Period,
+        _amount: u64,
+    ) -> Result<PeriodUsage, QuotaError> {
+        self.period_quota(tenant, period)
+    }
+}
+
+impl LimiterQuotaAdmin {
+    fn period_quota(&self, tenant: &str, period: Period) -> Result<PeriodUsage, QuotaError> {
+        if self.directory.snapshot().by_id(tenant).is_none() {
+            return Err(QuotaError::UnknownTenant(tenant.to_owned()));
+        }
+        // Long-period quotas are enforced by the rate-limit decision (in progress).
+        Err(QuotaError::NoSuchQuota(period))
+    }
+}
