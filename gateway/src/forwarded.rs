@@ -139,4 +139,17 @@ mod tests {
         let peer: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
         assert!(trusted().contains(peer));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn forwarded_chains_never_panic(xff in proptest::collection::vec(proptest::num::u8::ANY, 0..120), trusted_peer in proptest::bool::ANY) {
+            let mut headers = HeaderMap::new();
+            if let Ok(v) = http::HeaderValue::from_bytes(&xff) { headers.insert("x-forwarded-for", v); }
+            let peer: IpAddr = if trusted_peer { "127.0.0.1" } else { "203.0.113.1" }.parse().unwrap();
+            let ip = trusted().client_ip(peer, &headers);
+            let chain = trusted().forwarded_for(peer, &headers);
+            proptest::prop_assert!(chain.ends_with(&canonical(peer).to_string()));
+            if !trusted_peer { proptest::prop_assert_eq!(ip, peer); }
+        }
+    }
 }

@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod body_timeout;
 pub mod config;
 pub mod db;
 pub mod demo_upstream;

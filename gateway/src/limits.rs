@@ -2,13 +2,16 @@
 //! byte limit on streamed bodies without `Content-Length`.
 
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::future::{BoxFuture, FutureExt};
 use http::{header, Request, Response};
+use http_body::Body as _;
 use http_body_util::Limited;
 use tower::{Layer, Service};
 
+use crate::body_timeout::TimeoutBody;
 use crate::problem::Problem;
 
 /// Enforces `server.max_body_bytes` and `server.max_header_bytes`.
@@ -16,6 +19,7 @@ use crate::problem::Problem;
 pub struct LimitsLayer {
     max_body_bytes: u64,
     max_header_bytes: usize,
+    body_read_timeout: Duration,
 }
 
 /// The service of [`LimitsLayer`].
@@ -27,10 +31,11 @@ pub struct Limits<S> {
 
 impl LimitsLayer {
     /// Limits from configuration.
-    pub fn new(max_body_bytes: u64, max_header_bytes: usize) -> Self {
+    pub fn new(max_body_bytes: u64, max_header_bytes: usize, body_read_timeout: Duration) -> Self {
         Self {
             max_body_bytes,
             max_header_bytes,
+            body_read_timeout,
         }
     }
 }
@@ -80,6 +85,13 @@ where
             request.map(|body| Body::new(Limited::new(body, limit)))
         } else {
             request
+        };
+        // Bodiless requests (most GETs) skip the timer entirely.
+        let request = if request.body().is_end_stream() {
+            request
+        } else {
+            let timeout = self.limits.body_read_timeout;
+            request.map(|body| Body::new(TimeoutBody::new(body, timeout)))
         };
         self.inner.call(request).boxed()
     }

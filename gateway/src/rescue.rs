@@ -53,6 +53,12 @@ impl IntoProblem for RetryError<ProxyError> {
                 self.title(),
                 "the upstream is failing and its circuit breaker is open; the request was not sent. Retry after the indicated delay with backoff and jitter",
             ),
+            RetryError::RequestBody(err) if crate::body_timeout::is_body_timeout(err) => Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body timed out",
+                "the request body did not arrive within the gateway's time limit",
+            ),
             _ => Problem::with_type(self.status(), self.problem_type(), self.title(), "the request body could not be read"),
         };
         match self.retry_after() {
@@ -87,6 +93,18 @@ impl IntoProblem for ProxyError {
                 "body-too-large",
                 "Request body too large",
                 "the streamed request body exceeded the gateway's limit",
+            ),
+            ProxyErrorKind::BodyTimeout => Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body timed out",
+                "the request body did not arrive within the gateway's time limit",
+            ),
+            ProxyErrorKind::BadClientBody => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "bad-request-body",
+                "Malformed request body",
+                "the request body was malformed or ended early; the backend may have received part of it",
             ),
             ProxyErrorKind::NoRoute => Problem::internal(),
         }

@@ -54,7 +54,8 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
         .layer(LimitsLayer::new(
             config.server.max_body_bytes,
             config.server.max_header_bytes,
-        )) // 413 / 431
+            config.server.body_read_timeout,
+        )) // 413 / 431 / 408 for a body that does not arrive in time
         .layer(RouteLayer::new(RouteTable::new(
             &config.routes,
             &parts.dependencies,

@@ -28,3 +28,5 @@ mod idempotency_shared;
 mod ratelimit_headers;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;
+// Hostile clients: slow heads, slow bodies, malformed HTTP.
+mod chaos_clients;

@@ -111,6 +111,8 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
     /// Request head read bound.
     pub header_read_timeout: Duration,
+    /// Request body read bound.
+    pub body_read_timeout: Duration,
     /// Log format.
     pub log_format: LogFormat,
     /// Runtime worker threads (0 = per core).

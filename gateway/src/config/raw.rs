@@ -67,6 +67,8 @@ pub struct RawServer {
     pub shutdown_grace: HumanDuration,
     /// Bound on receiving a request head.
     pub header_read_timeout: HumanDuration,
+    /// Bound on receiving a whole request body.
+    pub body_read_timeout: HumanDuration,
     /// `"human"` or `"json"` logs.
     pub log_format: String,
     /// Tokio worker threads (0 = one per core).
@@ -84,6 +86,7 @@ impl Default for RawServer {
             trusted_proxies: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: HumanDuration::secs(30),
             log_format: "human".into(),
             worker_threads: 0,
         }

@@ -195,3 +195,26 @@ fn route_cost_above_an_enforced_burst_is_refused() {
         "a shadow bucket never rejects"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Arbitrary text never panics the loader; a refusal always names where.
+    #[test]
+    fn arbitrary_text_is_refused_cleanly(text in "\\PC{0,200}") {
+        if let Err(e) = Config::parse(&text, &env()) {
+            proptest::prop_assert!(!e.to_string().is_empty());
+        }
+    }
+
+    /// Any value spliced into a known field is accepted or refused with that field's path.
+    #[test]
+    fn bad_values_name_their_field(value in "[a-z0-9\"]{0,12}", field in 0usize..5) {
+        let names = ["max_body_bytes", "max_in_flight", "listen", "shutdown_grace", "log_format"];
+        let text = format!("[server]\n{} = {}\n", names[field], value);
+        if let Err(e) = Config::parse(&text, &env()) {
+            let shown = e.to_string();
+            proptest::prop_assert!(shown.contains("server") || shown.contains("<root>"), "{}", shown);
+        }
+    }
+}

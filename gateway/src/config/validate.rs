@@ -129,6 +129,13 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         Duration::from_millis(100),
         Duration::from_secs(300),
     );
+    duration_range(
+        issues,
+        "server.body_read_timeout",
+        raw.body_read_timeout.get(),
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    );
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -158,6 +165,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         trusted_proxies,
         shutdown_grace: raw.shutdown_grace.get(),
         header_read_timeout: raw.header_read_timeout.get(),
+        body_read_timeout: raw.body_read_timeout.get(),
         log_format,
         worker_threads: raw.worker_threads,
     }

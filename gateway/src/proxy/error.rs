@@ -1,5 +1,6 @@
 //! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
 
+use crate::body_timeout::is_body_timeout;
 use crate::limits::is_body_limit_error;
 use crate::retry::{FailureKind, UpstreamFailure};
 
@@ -17,6 +18,10 @@ pub enum ProxyErrorKind {
     ResetAfterSent,
     /// The client's body exceeded the limit while streaming.
     BodyTooLarge,
+    /// The client did not send its body within `server.body_read_timeout`.
+    BodyTimeout,
+    /// The client's body was malformed or broke off (e.g. bad chunked framing).
+    BadClientBody,
     /// The request had no route (a stack assembly error, not a client error).
     NoRoute,
     /// Anything else.
@@ -81,6 +86,12 @@ fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
     if is_body_limit_error(err) {
         return ProxyErrorKind::BodyTooLarge;
     }
+    if is_body_timeout(err) {
+        return ProxyErrorKind::BodyTimeout;
+    }
+    if is_client_body_error(err) {
+        return ProxyErrorKind::BadClientBody;
+    }
     if err.is_connect() {
         let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
         while let Some(e) = current {
@@ -111,13 +122,30 @@ impl UpstreamFailure for ProxyError {
             ProxyErrorKind::Dns => FailureKind::Dns,
             ProxyErrorKind::ResetAfterSent => FailureKind::ResetAfterSent,
             // The client's own body or a local assembly error: never worth a retry.
-            ProxyErrorKind::BodyTooLarge | ProxyErrorKind::NoRoute | ProxyErrorKind::Other => {
-                FailureKind::Other
-            }
+            ProxyErrorKind::BodyTooLarge
+            | ProxyErrorKind::BodyTimeout
+            | ProxyErrorKind::BadClientBody
+            | ProxyErrorKind::NoRoute
+            | ProxyErrorKind::Other => FailureKind::Other,
         }
     }
 
     fn endpoint(&self) -> Option<usize> {
         self.endpoint
     }
+}
+
+/// hyper marks errors that came out of the request body we handed it (the client's stream)
+/// as "user" errors: the client's framing, not the upstream, failed.
+fn is_client_body_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(hyper_err) = e.downcast_ref::<hyper::Error>() {
+            if hyper_err.is_user() {
+                return true;
+            }
+        }
+        current = e.source();
+    }
+    false
 }

@@ -110,4 +110,22 @@ mod tests {
             assert_eq!(parse_retry_after(&hv(bad), now), None, "{bad:?}");
         }
     }
+
+    proptest::proptest! {
+        // Client- and upstream-controlled header values never panic the parsers.
+        #[test]
+        fn parsers_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                let _ = parse_deadline(&value);
+                let _ = parse_retry_after(&value, std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+            }
+        }
+
+        #[test]
+        fn delta_seconds_round_trip(secs in 0u64..1_000_000) {
+            let value = HeaderValue::from(secs);
+            let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            proptest::prop_assert_eq!(parse_retry_after(&value, now), Some(Duration::from_secs(secs)));
+        }
+    }
 }

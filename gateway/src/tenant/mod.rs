@@ -200,4 +200,16 @@ mod tests {
             "non-bearer Authorization is the backend's business"
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn key_extraction_never_panics(auth in proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+                                       api in proptest::collection::vec(proptest::num::u8::ANY, 0..80)) {
+            let mut headers = http::HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_bytes(&auth) { headers.insert(header::AUTHORIZATION, v); }
+            let _ = presented_key(&headers);
+            if let Ok(v) = HeaderValue::from_bytes(&api) { headers.insert(&X_API_KEY, v); }
+            let _ = presented_key(&headers);
+        }
+    }
 }
