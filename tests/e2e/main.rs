@@ -30,3 +30,5 @@ mod ratelimit_headers;
 mod ratelimit_distributed;
 // Hostile clients: slow heads, slow bodies, malformed HTTP.
 mod chaos_clients;
+// Stores failing under load: Redis paused/killed, PostgreSQL restarted.
+mod chaos_stores;
