@@ -116,6 +116,20 @@ fn concat(chunks: Vec<Bytes>, total: usize) -> Bytes {
     buf.freeze()
 }
 
+/// Answers a request that took the key over from a holder whose lease expired, on an
+/// upstream that does not dedupe: the holder stopped after taking the lock, which is taken
+/// right before forwarding, so its request may have been executed. Forwarding again could
+/// execute it twice; the stored answer is the ambiguous one, like a 502 after sending.
+pub(crate) async fn interrupted(held: Held) -> Response<Body> {
+    let (status, headers, body) = Rejection::Interrupted.to_parts();
+    let stored = StoredResponse::new(status, &headers, body.clone());
+    held.complete(Completion::Response(stored)).await;
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
 // === impl Held ===
 
 impl Held {

@@ -47,6 +47,10 @@ pub enum Rejection {
     /// 502: the upstream call failed after the request may have been sent, so its outcome
     /// is unknown. Stored as the key's result and replayed: re-executing could duplicate.
     OutcomeUnknown,
+    /// 502: an earlier request with this key took the lock and then stopped (its gateway
+    /// crashed or was killed) before recording an outcome; it may have reached the upstream.
+    /// Stored as the key's result: re-executing could duplicate.
+    Interrupted,
     /// 500: the layer's own processing failed unexpectedly (e.g. a panicked task).
     Internal,
 }
@@ -73,7 +77,7 @@ impl Rejection {
             Self::InFlight { .. } | Self::TooLargeToReplay { .. } => StatusCode::CONFLICT,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::OutcomeUnknown => StatusCode::BAD_GATEWAY,
+            Self::OutcomeUnknown | Self::Interrupted => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -90,6 +94,7 @@ impl Rejection {
             Self::StoreUnavailable { .. } => "idempotency-store-unavailable",
             Self::BodyUnreadable => "request-body-unreadable",
             Self::OutcomeUnknown => "idempotency-outcome-unknown",
+            Self::Interrupted => "idempotency-previous-attempt-interrupted",
             Self::Internal => "idempotency-internal-error",
         }
     }
@@ -121,6 +126,7 @@ impl Rejection {
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
             Self::BodyUnreadable => "Request body could not be read",
             Self::OutcomeUnknown => "Upstream outcome unknown",
+            Self::Interrupted => "Earlier attempt interrupted; outcome unknown",
             Self::Internal => "Internal error",
         }
     }
@@ -155,6 +161,11 @@ impl Rejection {
                 it, so whether it was executed is unknown. This result is kept for the \
                 Idempotency-Key so the request is not executed twice; check the resource's \
                 state before retrying with a new key."
+                .to_owned(),
+            Self::Interrupted => "An earlier request with this Idempotency-Key was interrupted \
+                after it may have reached the upstream: the gateway handling it stopped before \
+                recording the outcome. It is not executed again, so it cannot happen twice; \
+                check the resource's state before retrying with a new key."
                 .to_owned(),
             Self::Internal => "The request could not be processed.".to_owned(),
         }

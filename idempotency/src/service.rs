@@ -134,10 +134,20 @@ where
     });
     let record = RecordKey::new(settings.tenant.clone(), settings.route.clone(), key.clone());
 
-    let fencing = match acquire(store.as_ref(), &record, &fingerprint, &settings).await {
-        Ok(fencing) => fencing,
+    let (fencing, took_over) = match acquire(store.as_ref(), &record, &fingerprint, &settings).await
+    {
+        Ok(acquired) => acquired,
         Err(answer) => return Ok(answer),
     };
+    if took_over && !settings.upstream_dedupes_keys {
+        let held = Held {
+            store,
+            record,
+            fencing,
+            settings,
+        };
+        return Ok(forward::interrupted(held).await);
+    }
 
     // From here the request runs to completion in its own task, so a client that hangs up
     // cannot cancel it between "sent upstream" and "outcome recorded" (see `forward`).
@@ -161,14 +171,15 @@ where
     }
 }
 
-/// Takes the lock, or produces the answer for a request that must not run: a replay, 409,
-/// 422 or 503. In `Wait` mode, polls while the first copy is in flight.
+/// Takes the lock (returning its fencing token and whether an expired lease was taken over),
+/// or produces the answer for a request that must not run: a replay, 409, 422 or 503. In
+/// `Wait` mode, polls while the first copy is in flight.
 async fn acquire(
     store: &dyn Store,
     record: &RecordKey,
     fingerprint: &Fingerprint,
     settings: &IdempotencySettings,
-) -> Result<u64, Response<Body>> {
+) -> Result<(u64, bool), Response<Body>> {
     let deadline = match settings.on_in_flight {
         OnInFlight::Wait(max) => Some(Instant::now() + max),
         OnInFlight::Reject => None,
@@ -185,7 +196,7 @@ async fn acquire(
                     tracing::info!(tenant = %record.tenant, route = %record.route, fencing,
                         "took over an expired idempotency lease");
                 }
-                return Ok(fencing);
+                return Ok((fencing, took_over));
             }
             Ok(LockOutcome::Completed(stored)) => {
                 metrics::counter!("idempotency_replays_total").increment(1);

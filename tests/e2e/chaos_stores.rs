@@ -27,7 +27,10 @@ async fn load(gateway: &GatewayProcess, count: usize, tag: &str) -> Vec<u16> {
     let http = client();
     let mut statuses = Vec::with_capacity(count);
     for i in 0..count {
-        let mut request = http.post(gateway.url() + "/load").bearer_auth("acme-key-0001").body("{}");
+        let mut request = http
+            .post(gateway.url() + "/load")
+            .bearer_auth("acme-key-0001")
+            .body("{}");
         if i % 3 == 0 {
             request = request.header("idempotency-key", format!("{tag}-{i}"));
         }
@@ -61,18 +64,31 @@ async fn redis_paused_then_killed_under_load_fail_open_keeps_serving_and_recover
 
     redis.kill();
     let killed = load(&gateway, 30, "killed").await;
-    assert!(killed.iter().enumerate().all(|(i, s)| if i % 3 == 0 { *s == 503 } else { *s == 200 }), "{killed:?}");
+    assert!(
+        killed
+            .iter()
+            .enumerate()
+            .all(|(i, s)| if i % 3 == 0 { *s == 503 } else { *s == 200 }),
+        "{killed:?}"
+    );
 
     redis.restart().await;
     let mut recovered = false;
     for round in 0..20 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        if load(&gateway, 3, &format!("after-{round}")).await.iter().all(|s| *s == 200) {
+        if load(&gateway, 3, &format!("after-{round}"))
+            .await
+            .iter()
+            .all(|s| *s == 200)
+        {
             recovered = true;
             break;
         }
     }
-    assert!(recovered, "keyed and unkeyed traffic recovered once Redis was back");
+    assert!(
+        recovered,
+        "keyed and unkeyed traffic recovered once Redis was back"
+    );
 }
 
 #[tokio::test]
@@ -80,13 +96,17 @@ async fn redis_killed_under_load_fail_closed_answers_503_with_retry_after() {
     let mut redis = RedisServer::start().await;
     let upstream = ScriptedUpstream::start(vec![]).await;
     let storage = format!("[storage]\nstate = \"{}\"\n", redis.url());
-    let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), &storage, "fail_closed")).await;
+    let gateway =
+        GatewayProcess::start(BIN, &config(&upstream.url(), &storage, "fail_closed")).await;
     redis.kill();
     let before = upstream.hit_count();
     for i in 0..20 {
         let response = tokio::time::timeout(
             NO_HANG,
-            client().get(gateway.url() + "/x").bearer_auth("acme-key-0001").send(),
+            client()
+                .get(gateway.url() + "/x")
+                .bearer_auth("acme-key-0001")
+                .send(),
         )
         .await
         .unwrap_or_else(|_| panic!("request {i} hung"))
@@ -99,7 +119,12 @@ async fn redis_killed_under_load_fail_closed_answers_503_with_retry_after() {
     let mut recovered = false;
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let response = client().get(gateway.url() + "/x").bearer_auth("acme-key-0001").send().await.unwrap();
+        let response = client()
+            .get(gateway.url() + "/x")
+            .bearer_auth("acme-key-0001")
+            .send()
+            .await
+            .unwrap();
         if response.status() == 200 {
             recovered = true;
             break;
@@ -115,19 +140,39 @@ async fn postgres_restart_under_load_is_served_from_the_cached_tenant_snapshot()
     let upstream = ScriptedUpstream::start(vec![]).await;
     let storage = format!("[storage]\ndatabase = \"{database}\"\n");
     let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), &storage, "fail_open")).await;
-    assert!(load(&gateway, 10, "pg-before").await.iter().all(|s| *s == 200));
+    assert!(load(&gateway, 10, "pg-before")
+        .await
+        .iter()
+        .all(|s| *s == 200));
 
     postgres.stop();
     // Tenants and keys come from the in-memory snapshot: authenticated traffic keeps flowing.
-    assert!(load(&gateway, 30, "pg-down").await.iter().all(|s| *s == 200));
-    let ready = client().get(gateway.admin_url() + "/readyz").send().await.unwrap();
+    assert!(load(&gateway, 30, "pg-down")
+        .await
+        .iter()
+        .all(|s| *s == 200));
+    let ready = client()
+        .get(gateway.admin_url() + "/readyz")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 503, "readiness reports the database outage");
 
     postgres.start_again().await;
-    assert!(load(&gateway, 10, "pg-back").await.iter().all(|s| *s == 200));
+    assert!(load(&gateway, 10, "pg-back")
+        .await
+        .iter()
+        .all(|s| *s == 200));
     let mut ready_again = false;
     for _ in 0..20 {
-        if client().get(gateway.admin_url() + "/readyz").send().await.unwrap().status() == 200 {
+        if client()
+            .get(gateway.admin_url() + "/readyz")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
             ready_again = true;
             break;
         }

@@ -57,8 +57,10 @@ async fn two_gateways_sharing_postgres_dedupe() {
     .await;
 }
 
-#[tokio::test]
-async fn a_killed_holder_leaves_a_lease_that_expires_and_is_taken_over() {
+/// Starts a gateway on shared Redis, sends a keyed POST the upstream stalls on, kills the
+/// gateway with SIGKILL while it holds the key, and starts a second one. Returns the second
+/// gateway, the key and the upstream.
+async fn kill_while_holding(dedupes: bool) -> (GatewayProcess, String, ScriptedUpstream) {
     let upstream = ScriptedUpstream::start(vec![Step::stall(
         Duration::from_secs(20),
         Step::respond(201, &[], "never seen"),
@@ -66,15 +68,18 @@ async fn a_killed_holder_leaves_a_lease_that_expires_and_is_taken_over() {
     .await;
     upstream.set_fallback(Step::respond(201, &[], "second holder"));
     let storage = format!("[storage]\nstate = \"{}\"\n", redis::shared_url());
-    let retry_and_lease = "lease = \"2s\"";
-    let config = keyed_config(&upstream.url(), &storage, "", retry_and_lease).replace(
+    let dedupe_line = if dedupes {
+        "dedupes_idempotency_keys = true"
+    } else {
+        ""
+    };
+    let config = keyed_config(&upstream.url(), &storage, dedupe_line, "lease = \"2s\"").replace(
         "retry = { max_retries = 0, base = \"10ms\", cap = \"50ms\" }",
         "retry = { max_retries = 0, base = \"10ms\", cap = \"50ms\", total = \"1s\" }\nattempt_timeout = \"30s\"",
     );
     let mut first = GatewayProcess::start(BIN, &config).await;
     let key = format!("crash-{}", rand_suffix());
-    let url = first.url();
-    let key_clone = key.clone();
+    let (url, key_clone) = (first.url(), key.clone());
     let stalled = tokio::spawn(async move {
         client()
             .post(url + "/pay")
@@ -93,26 +98,57 @@ async fn a_killed_holder_leaves_a_lease_that_expires_and_is_taken_over() {
     assert_eq!(upstream.hit_count(), 1);
     first.guard().kill(); // SIGKILL while holding the key
     let _ = stalled.await;
-
     let second = GatewayProcess::start(BIN, &config).await;
     let busy = keyed_post(&second, &key).await;
     assert_eq!(busy.status(), 409, "the lease is still held");
     assert!(busy.headers().contains_key("retry-after"));
-    let mut taken_over = false;
+    (second, key, upstream)
+}
+
+/// Retries `key` every 250 ms (bounded) until it is no longer 409; returns that response.
+async fn after_lease(gateway: &GatewayProcess, key: &str) -> reqwest::Response {
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let response = keyed_post(&second, &key).await;
-        if response.status() == 201 {
-            assert_eq!(response.text().await.unwrap(), "second holder");
-            taken_over = true;
-            break;
+        let response = keyed_post(gateway, key).await;
+        if response.status() != 409 {
+            return response;
         }
     }
+    panic!("the key stayed locked past its lease");
+}
+
+#[tokio::test]
+async fn a_killed_holder_lease_expires_and_the_takeover_reports_the_ambiguous_outcome() {
+    let (second, key, upstream) = kill_while_holding(false).await;
+    // The killed holder had already sent the request: executing it again could charge twice.
+    // The new holder takes the key over and stores "outcome unknown" instead.
+    let taken_over = after_lease(&second, &key).await;
+    let body = assert_problem(taken_over, 502).await;
     assert!(
-        taken_over,
-        "after the lease expired a retry took the key over"
+        body["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("idempotency-previous-attempt-interrupted"),
+        "{body}"
     );
+    let replay = keyed_post(&second, &key).await;
+    assert_eq!(replay.status(), 502);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(upstream.hit_count(), 1, "never executed twice");
+}
+
+#[tokio::test]
+async fn a_killed_holder_lease_expires_and_a_deduping_upstream_gets_the_retry() {
+    let (second, key, upstream) = kill_while_holding(true).await;
+    // The backend dedupes on the forwarded key, so re-sending is safe.
+    let taken_over = after_lease(&second, &key).await;
+    assert_eq!(taken_over.status(), 201);
+    assert_eq!(taken_over.text().await.unwrap(), "second holder");
     assert_eq!(upstream.hit_count(), 2);
+    assert!(upstream
+        .hits()
+        .iter()
+        .all(|h| h.headers["idempotency-key"] == key.as_str()));
 }
 
 #[tokio::test]

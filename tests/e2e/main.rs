@@ -32,3 +32,5 @@ mod ratelimit_distributed;
 mod chaos_clients;
 // Stores failing under load: Redis paused/killed, PostgreSQL restarted.
 mod chaos_stores;
+// 10 000 keyed POSTs × 5 duplicates through faults and restarts: zero duplicate executions.
+mod chaos_dedupe;

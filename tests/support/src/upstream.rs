@@ -40,6 +40,8 @@ pub enum Step {
     Close,
     /// Answer 200 with the request body echoed back.
     Echo,
+    /// One of these steps, picked at random by weight (for fault-injection runs).
+    Random(Vec<(u32, Step)>),
     /// Answer 200 with a chunked body sent as these chunks, `interval` apart.
     Chunked {
         /// The chunks, in order.
@@ -106,6 +108,8 @@ pub struct Hit {
     pub headers: HeaderMap,
     /// Full request body.
     pub body: Bytes,
+    /// The status the script answered with (`None`: the connection was closed instead).
+    pub answered: Option<u16>,
 }
 
 #[derive(Debug)]
@@ -229,17 +233,21 @@ async fn handle(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
+
+    let step = {
+        let next = state.script.lock().expect("script lock").pop_front();
+        next.unwrap_or_else(|| state.fallback.lock().expect("fallback lock").clone())
+    };
+    // Resolve random choices now, so the hit records what was really answered.
+    let step = resolve_random(step);
     state.hits.lock().expect("hits lock").push(Hit {
         at,
         method: parts.method.clone(),
         uri: parts.uri.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),
+        answered: answered_status(&step),
     });
-    let step = {
-        let next = state.script.lock().expect("script lock").pop_front();
-        next.unwrap_or_else(|| state.fallback.lock().expect("fallback lock").clone())
-    };
     perform(step, body).await
 }
 
@@ -247,10 +255,16 @@ async fn perform(
     mut step: Step,
     request_body: Bytes,
 ) -> Result<Response<UpstreamBody>, CloseConnection> {
-    while let Step::Stall(delay, then) = step {
-        tokio::time::sleep(delay.min(MAX_STALL)).await;
-        step = *then;
-    }
+    let step = loop {
+        step = match step {
+            Step::Stall(delay, then) => {
+                tokio::time::sleep(delay.min(MAX_STALL)).await;
+                *then
+            }
+            Step::Random(choices) => pick(choices),
+            other => break other,
+        };
+    };
     let response = match step {
         Step::Respond {
             status,
@@ -286,13 +300,43 @@ async fn perform(
                 .body(BodyExt::boxed(StreamBody::new(stream)))
         }
         Step::Close => return Err(CloseConnection),
-        Step::Stall(..) => unreachable_stall(),
+        Step::Stall(..) | Step::Random(..) => unreachable_stall(),
     };
     response.map_err(|_| CloseConnection)
 }
 
+fn resolve_random(step: Step) -> Step {
+    match step {
+        Step::Random(choices) => resolve_random(pick(choices)),
+        Step::Stall(delay, then) => Step::Stall(delay, Box::new(resolve_random(*then))),
+        other => other,
+    }
+}
+
+fn answered_status(step: &Step) -> Option<u16> {
+    match step {
+        Step::Respond { status, .. } => Some(*status),
+        Step::Echo | Step::Chunked { .. } => Some(200),
+        Step::Stall(_, then) => answered_status(then),
+        Step::Close | Step::Random(_) => None,
+    }
+}
+
+fn pick(choices: Vec<(u32, Step)>) -> Step {
+    use rand::Rng;
+    let total: u32 = choices.iter().map(|(w, _)| *w).sum();
+    let mut roll = rand::thread_rng().gen_range(0..total.max(1));
+    for (weight, step) in choices {
+        if roll < weight {
+            return step;
+        }
+        roll -= weight;
+    }
+    Step::status(500)
+}
+
 fn unreachable_stall() -> Result<Response<UpstreamBody>, http::Error> {
-    // The loop above unwraps every Stall; keep the match total without panicking.
+    // The loop above resolves every Stall and Random; keep the match total without panicking.
     Response::builder()
         .status(500)
         .body(Full::new(Bytes::new()).boxed())
