@@ -39,6 +39,15 @@
 //! a request can spend downstream (the retry layer's total deadline), or a slow-but-alive
 //! request can run twice; see [`IdempotencySettings::lease`].
 //!
+//! What does the new holder do with the key it took over? The lock is taken right before
+//! forwarding, so a holder that stopped (crashed, was killed) most likely had already sent
+//! the request. Sending it again could execute it twice, so on an upstream that does not
+//! dedupe on the key the takeover is settled like any ambiguous outcome: a 502
+//! "previous attempt interrupted" problem is stored and replayed, and the client checks the
+//! resource before retrying with a new key. Only when the upstream dedupes on the forwarded
+//! key is the request sent again. A crash thus never costs a duplicate execution, and never
+//! a key locked for longer than its lease.
+//!
 //! # Failures and cancellation
 //!
 //! Once locked, the request runs in its own task: if the client disconnects, the upstream
