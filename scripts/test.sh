@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
-#   1. installs redis-server and PostgreSQL with apt-get when they are missing;
+#   1. installs redis-server, PostgreSQL and docker-compose with apt-get when missing;
 #   2. starts one real Redis and one real PostgreSQL on free loopback ports, in a temp dir;
 #   3. exports PORTCULLIS_TEST_REDIS_URL and PORTCULLIS_TEST_DATABASE_URL for the tests;
-#   4. runs every test of the workspace (unit, conformance, end-to-end);
+#   4. validates docker-compose.yml, then runs every test of the workspace (unit,
+#      conformance, end-to-end, chaos);
 #   5. stops both servers by PID, on success, failure or Ctrl-C.
 # Safe to run twice in a row: nothing is left behind. Extra arguments go to `cargo test`.
 set -euo pipefail
@@ -13,6 +14,7 @@ log() { printf '\n== %s\n' "$*" >&2; }
 
 need_install=()
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
+command -v docker-compose >/dev/null 2>&1 || need_install+=(docker-compose)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
 if [ ${#need_install[@]} -gt 0 ]; then
   log "installing ${need_install[*]}"
@@ -72,6 +74,9 @@ redis-cli -p "$redis_port" ping >/dev/null || { echo "redis-server did not start
 export PORTCULLIS_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
 export PORTCULLIS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
 log "redis: $PORTCULLIS_TEST_REDIS_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
+
+log "validating docker-compose.yml (no engine needed)"
+docker-compose -f docker-compose.yml config -q
 
 log "cargo test --workspace"
 cargo test --workspace --locked "$@"

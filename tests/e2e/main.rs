@@ -34,3 +34,5 @@ mod chaos_clients;
 mod chaos_stores;
 // 10 000 keyed POSTs × 5 duplicates through faults and restarts: zero duplicate executions.
 mod chaos_dedupe;
+// scripts/cluster: 3 replicas + Redis + PostgreSQL + demo upstream as local processes.
+mod cluster_script;
