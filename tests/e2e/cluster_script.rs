@@ -16,6 +16,9 @@ fn the_local_cluster_works_end_to_end() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "scripts/cluster --check failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "scripts/cluster --check failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("cluster check passed"), "{stdout}");
 }
