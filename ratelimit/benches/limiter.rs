@@ -3,6 +3,8 @@
 //! | id | what |
 //! |---|---|
 //! | `local/1 key` | one hot key: hash + lock + GCRA + write, through the async trait |
+//! | `local/2 keys` | two buckets, all-or-nothing (the multi-check path: two locks) |
+//! | `local/1 key + daily quota` | a bucket and a calendar quota, all-or-nothing (the same path, plus a wall-clock read and the window arithmetic) |
 //! | `local/1M keys` | random keys out of 1 000 000 (cache misses dominate) |
 //! | `local/1M keys, 2 threads` | same, two threads at once (time per decision per thread) |
 //! | `mutex_hashmap/…` | one `Mutex<HashMap<String, u64>>`, same GCRA arithmetic |
@@ -28,7 +30,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use futures_util::FutureExt;
 use portcullis_ratelimit::gcra::Gcra;
 use portcullis_ratelimit::{
-    Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, Policy, SystemClock,
+    Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, Period, Policy, Principal,
+    SystemClock,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -143,6 +146,22 @@ fn bench(c: &mut Criterion) {
     let local = limiter();
     group.bench_function(BenchmarkId::new("local", "1 key"), |b| {
         b.iter(|| black_box(decide(&local, &checks[0])))
+    });
+    let daily = Arc::new(Policy::calendar("daily_quota", 1 << 40, Period::Day).unwrap());
+    let with_quota = [
+        checks[0][0].clone(),
+        Check {
+            key: LimitKey::period(Principal::Tenant("bench"), Period::Day),
+            policy: daily,
+            cost: 1,
+        },
+    ];
+    let two_buckets = [checks[0][0].clone(), checks[1][0].clone()];
+    group.bench_function(BenchmarkId::new("local", "2 keys"), |b| {
+        b.iter(|| black_box(decide(&local, &two_buckets)))
+    });
+    group.bench_function(BenchmarkId::new("local", "1 key + daily quota"), |b| {
+        b.iter(|| black_box(decide(&local, &with_quota)))
     });
     let baseline = Baseline::new();
     group.bench_function(BenchmarkId::new("mutex_hashmap", "1 key"), |b| {

@@ -6,11 +6,14 @@
 //!   backend and for the fallback circuit. It never jumps when NTP steps the wall clock, and
 //!   tokio's paused test clock (`#[tokio::test(start_paused = true)]`, `time::advance`)
 //!   drives it, so refill is tested without sleeping;
-//! - **wall-clock** Unix time only to print `X-RateLimit-Reset` as absolute epoch seconds.
+//! - **wall-clock** Unix time to print `X-RateLimit-Reset` as absolute epoch seconds, and to
+//!   place calendar quotas' windows (which UTC day or month it is, and how long is left).
 //!
 //! [`SystemClock`] is the only code in the crate allowed to read the real wall clock;
 //! [`ManualClock`] lets tests move both clocks by hand. The Redis backend ignores both for
-//! its decisions: it runs on Redis server time (`TIME`), the one clock every replica shares.
+//! its bucket decisions: it runs on Redis server time (`TIME`), the one clock every replica
+//! shares. Calendar windows are the exception, taken from this clock in every backend (see
+//! the trade-off in [`policy`](crate::policy)).
 
 use std::fmt;
 use std::sync::Mutex;
@@ -23,7 +26,7 @@ pub trait Clock: Send + Sync + fmt::Debug {
     /// Monotonic now, for bucket arithmetic.
     fn now(&self) -> Instant;
 
-    /// Time since the Unix epoch, for `X-RateLimit-Reset`.
+    /// Time since the Unix epoch, for `X-RateLimit-Reset` and calendar quota windows.
     fn unix_now(&self) -> Duration;
 }
 

@@ -10,17 +10,23 @@ use smallvec::SmallVec;
 /// `reset_after` describe the bucket *after* the request. When nothing was consumed (the
 /// request was rejected, this shadow policy would have rejected it, or it is a
 /// [`peek`](crate::Limiter::peek)), they describe the bucket as it is.
+///
+/// For a calendar quota ([`Policy::calendar`](crate::Policy::calendar)) "bucket" reads
+/// "the current window's counter": `limit` is the quota, `remaining` is quota − used, and
+/// `reset_after` (and `retry_after`, when rejected) is the time until the window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// This policy, alone, would admit the request.
     pub allowed: bool,
     /// The policy is shadow: `allowed == false` is counted and reported, never enforced.
     pub shadow: bool,
-    /// Bucket capacity (the policy's burst): the `X-RateLimit-Limit` value.
+    /// Bucket capacity (the policy's burst), or the calendar quota: the `X-RateLimit-Limit`
+    /// value.
     pub limit: u64,
-    /// Whole tokens left in the bucket, `0..=limit`.
+    /// Whole tokens left in the bucket (units left in the window), `0..=limit`.
     pub remaining: u64,
-    /// Time until the bucket is full again (nothing would be lost by forgetting it then).
+    /// Time until the bucket is full again (nothing would be lost by forgetting it then);
+    /// for a calendar quota, until the window ends, whatever its count.
     pub reset_after: Duration,
     /// Time until this request would be admitted by this policy; zero when allowed.
     pub retry_after: Duration,

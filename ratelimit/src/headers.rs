@@ -16,6 +16,11 @@
 //! therefore shows `r` above `q`, which the draft allows (`r` counts what can be sent now).
 //! `X-RateLimit-Reset` and `t` are computed from the same rounded-up second count, so
 //! `Reset − now == t` exactly, with `now` the whole Unix second the response was made in.
+//!
+//! A calendar quota reports the same fields: `Limit` = the quota, `Remaining` = quota − used,
+//! `Reset` = the end of the window (next 00:00 UTC, or the 1st of next month), `q` = the
+//! quota and `w` = the window length in seconds, for a month the length of the current one
+//! ([`Policy::header_value_at`]).
 
 use std::time::Duration;
 
@@ -54,7 +59,7 @@ pub fn write_headers(
         X_RATELIMIT_RESET,
         HeaderValue::from(unix_now.as_secs().saturating_add(reset_secs)),
     );
-    headers.insert(RATELIMIT_POLICY, policy.header_value().clone());
+    headers.insert(RATELIMIT_POLICY, policy.header_value_at(unix_now).clone());
     let field = format!(
         "\"{}\";r={};t={}",
         policy.name(),
@@ -127,5 +132,31 @@ mod tests {
         assert_eq!(h[X_RATELIMIT_REMAINING], "0");
         assert_eq!(h[X_RATELIMIT_RESET], "12");
         assert_eq!(h[RATELIMIT], "\"ip\";r=0;t=2");
+    }
+
+    #[test]
+    fn calendar_quota_headers_point_at_the_window_end() {
+        // 2026-11-21T23:59:00.400Z: 59.6 s to midnight.
+        let now = Duration::from_millis(1_795_305_540_400);
+        let until_midnight = Duration::from_millis(59_600);
+        let p = Policy::calendar("daily_quota", 1000, crate::Period::Day).unwrap();
+        let d = Decision {
+            allowed: false,
+            shadow: false,
+            limit: 1000,
+            remaining: 0,
+            reset_after: until_midnight,
+            retry_after: until_midnight,
+        };
+        let mut h = HeaderMap::new();
+        write_headers(&mut h, &p, &d, now);
+        assert_eq!(h[RETRY_AFTER], "60");
+        assert_eq!(h[X_RATELIMIT_LIMIT], "1000");
+        assert_eq!(h[X_RATELIMIT_RESET], "1795305600");
+        assert_eq!(h[RATELIMIT_POLICY], "\"daily_quota\";q=1000;w=86400");
+        assert_eq!(h[RATELIMIT], "\"daily_quota\";r=0;t=60");
+        let p = Policy::calendar("monthly_quota", 9, crate::Period::Month).unwrap();
+        write_headers(&mut h, &p, &d, now);
+        assert_eq!(h[RATELIMIT_POLICY], "\"monthly_quota\";q=9;w=2592000");
     }
 }

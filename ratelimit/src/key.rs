@@ -8,6 +8,8 @@
 //! | `rl:{ip:203.0.113.7}:route:/orders` | route `/orders` as spent by an anonymous IP |
 //! | `rl:{route:/orders}:route` | route `/orders` in total, all callers together |
 //! | `rl:{global}:global` | the global ceiling |
+//! | `rl:{tenant:acme}:quota:day` | tenant `acme`'s daily quota (the limiter stores it as `…:quota:day:20261121`, one counter per window) |
+//! | `rl:{tenant:acme}:quota:month` | its monthly quota (`…:quota:month:202611`) |
 //! | `rl:{<tag>}:<name>` | anything else, through [`LimitKey::custom`] |
 //!
 //! # Hash tags and Redis Cluster
@@ -41,6 +43,8 @@
 use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 use std::sync::Arc;
+
+use crate::period::Period;
 
 /// Who a request's buckets belong to: the hash tag of its keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +101,17 @@ impl LimitKey {
         let _ = escape(&mut s, route);
         s.push_str("}:route");
         Self(s.into())
+    }
+
+    /// A principal's calendar quota counter: `rl:{<principal>}:quota:day` or `…:quota:month`.
+    ///
+    /// Use it with a [`Policy::calendar`](crate::Policy::calendar) of the same period. The
+    /// limiter appends the current window's id (`:20261121`, `:202611`) when it stores the
+    /// counter, so each window starts from zero and old windows expire; this key names the
+    /// quota, not one window of it. Same hash tag as the principal's buckets, so one script
+    /// decides them together.
+    pub fn period(principal: Principal<'_>, period: Period) -> Self {
+        Self::build(principal, "quota", Some(period.as_str()))
     }
 
     /// The global ceiling: `rl:{global}:global`.
@@ -193,6 +208,14 @@ mod tests {
         );
         assert_eq!(LimitKey::global().as_str(), "rl:{global}:global");
         assert_eq!(LimitKey::custom("k", "day").as_str(), "rl:{k}:day");
+        assert_eq!(
+            LimitKey::period(Principal::Tenant("acme"), Period::Day).as_str(),
+            "rl:{tenant:acme}:quota:day"
+        );
+        assert_eq!(
+            LimitKey::period(Principal::Ip([1, 2, 3, 4].into()), Period::Month).as_str(),
+            "rl:{ip:1.2.3.4}:quota:month"
+        );
     }
 
     #[test]
@@ -200,6 +223,7 @@ mod tests {
         let p = Principal::Tenant("acme");
         assert_eq!(LimitKey::tenant("acme").hash_tag(), "tenant:acme");
         assert_eq!(LimitKey::route(p, "/orders").hash_tag(), "tenant:acme");
+        assert_eq!(LimitKey::period(p, Period::Month).hash_tag(), "tenant:acme");
         assert_eq!(LimitKey::global().hash_tag(), "global");
     }
 

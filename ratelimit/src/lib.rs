@@ -1,9 +1,9 @@
-//! Token-bucket (GCRA) rate limiting as a tower [`Layer`](tower::Layer), with an
-//! in-process backend and a Redis backend shared by gateway replicas.
+//! Token-bucket (GCRA) rate limiting and calendar quotas as a tower [`Layer`](tower::Layer),
+//! with an in-process backend and a Redis backend shared by gateway replicas.
 //!
 //! Every request the application's extractor describes is checked against all of its
-//! policies (tenant or client IP, route, global…) in **one atomic, all-or-nothing decision**:
-//! a rejected request consumes no tokens anywhere. Rejections are answered at once with
+//! policies (tenant or client IP, route, global, daily and monthly quotas…) in **one atomic,
+//! all-or-nothing decision**: a rejected request consumes nothing anywhere. Rejections are answered at once with
 //! **429** + `Retry-After` and an RFC 9457 problem+json body; admitted responses carry
 //! `X-RateLimit-*` and the IETF `RateLimit-Policy` / `RateLimit` fields. Nothing is queued.
 //!
@@ -50,9 +50,46 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Calendar quotas
+//!
+//! Besides token buckets, a policy can be a daily or monthly request quota on UTC calendar
+//! boundaries ([`Policy::calendar`], keyed by [`LimitKey::period`]), checked in the **same**
+//! all-or-nothing decision as the buckets:
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use portcullis_ratelimit::{LimitKey, LimitRequest, Period, Policy, Principal};
+//!
+//! let per_second = Arc::new(Policy::try_new("tenant", 100, Duration::from_secs(1), 200)?);
+//! let daily = Arc::new(Policy::calendar("daily_quota", 100_000, Period::Day)?);
+//! let monthly = Arc::new(Policy::calendar("monthly_quota", 2_000_000, Period::Month)?);
+//! let acme = Principal::Tenant("acme");
+//! let request = LimitRequest::new()
+//!     .with(LimitKey::tenant("acme"), per_second, 1)
+//!     .with(LimitKey::period(acme, Period::Day), daily, 1)
+//!     .with(LimitKey::period(acme, Period::Month), monthly, 1);
+//! # let _ = request;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! In short (the full essay is in [`policy`]):
+//!
+//! - **fixed windows, on purpose**: a quota is a billing-style allowance stated in calendar
+//!   terms ("10 000 a day, resets at 00:00 UTC"), not traffic smoothing, which the buckets
+//!   already do on the same request; the window's counter is exactly "used today";
+//! - **all-or-nothing with the buckets**: a request refused by a bucket spends no quota, one
+//!   refused by the quota spends no tokens, so `used` counts admitted requests only;
+//! - **the limiter's clock decides the window** in every backend (Redis keeps buckets on
+//!   server time but takes the window from the gateway): replicas disagree on the midnight
+//!   instant by their clock skew, which only moves a boundary request into one day or the
+//!   other; counters expire when their window ends;
+//! - exhausted → 429 naming the quota, `Retry-After` = seconds to the window's end;
+//!   [`Limiter::reset`] and [`Limiter::give_back`] let an operator undo use.
+//!
 //! # Modules
 //!
 //! - [`gcra`]: the arithmetic, pure, property-tested; [`decision`]: what it produces;
+//! - [`period`]: UTC day/month windows and the fixed-window counter, pure, property-tested;
 //! - [`policy`], [`key`]: what is limited and under which (hash-tagged) key;
 //! - [`limiter`]: the [`Limiter`] trait, [`LocalLimiter`], [`RedisLimiter`],
 //!   [`FallbackLimiter`], and the consumption semantics shared by all;
@@ -77,6 +114,7 @@ pub mod key;
 pub mod layer;
 pub mod limiter;
 pub mod metrics;
+pub mod period;
 pub mod policy;
 pub mod rejection;
 pub mod service;
@@ -89,6 +127,7 @@ pub use crate::limiter::{
     Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest, Limiter, LimiterError,
     LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,
 };
+pub use crate::period::{Period, Window};
 pub use crate::policy::{Policy, PolicyError};
 pub use crate::rejection::Rejection;
 pub use crate::service::RateLimit;

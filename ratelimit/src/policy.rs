@@ -1,4 +1,5 @@
-//! A rate-limit policy: `rate` per `per`, with a bucket of `burst` tokens.
+//! A rate-limit policy: a token bucket (`rate` per `per`, bursts of `burst` tokens), or a
+//! calendar quota (at most `limit` per UTC day or month).
 //!
 //! A policy is a value built once (from configuration or the admin API) and shared as an
 //! `Arc<Policy>` by every request it applies to. Everything a decision needs that can be
@@ -10,6 +11,47 @@
 //! 1 µs on Redis). Rounding up can only make the limiter stricter, by less than one tick per
 //! token: for 50 000/s on Redis (20 µs per token) that is exact; for 3/s locally it is
 //! 333 333 334 ns instead of 333 333 333.3 ns, 1 part in 10⁹.
+//!
+//! # Calendar quotas
+//!
+//! [`Policy::calendar`] builds the other kind of policy: a **fixed-window counter** of at
+//! most `limit` cost units per current UTC day or month ([`Period`]), e.g. "10 000 requests
+//! a day" on a tenant's plan.
+//!
+//! *Why fixed windows, when the buckets exist to avoid them?* Buckets shape traffic: they
+//! smooth bursts so a backend never sees more than `rate`. A daily or monthly quota is a
+//! billing-style allowance that clients, contracts and invoices state in calendar terms
+//! ("10 000 a day, resets at 00:00 UTC", "per calendar month"). A bucket of 10 000 tokens
+//! refilling over 24 h has no "today": tokens trickle back all the time (about 7 a minute),
+//! so it can neither honour "resets at midnight" nor answer "how much is left this month".
+//! The known weakness of fixed windows, a full window's quota at 23:59 and another at 00:00,
+//! is harmless here: each day's allowance is exactly what was sold, and the instantaneous
+//! rate is the buckets' job, which still apply to every request.
+//!
+//! *All-or-nothing with the buckets.* A calendar policy is one more check in the same
+//! [`LimitRequest`](crate::LimitRequest), decided in the same lock or Lua script as the
+//! buckets: a request rejected by any enforced policy consumes nothing anywhere, so a client
+//! throttled by its per-second bucket does not burn its daily quota on requests that were
+//! refused, and a client whose quota is exhausted does not drain its bucket either. Quota
+//! `used` therefore counts exactly the admitted requests (by cost), which is what an
+//! operator reconciles with billing.
+//!
+//! *Which clock.* The window is placed by the limiter's injected [`Clock`](crate::Clock)
+//! (`unix_now`), in both backends: the Redis backend keeps GCRA on Redis server time but is
+//! handed the window id and the time left in it by the gateway (see
+//! [`RedisLimiter`](crate::RedisLimiter)). The trade-off: replicas disagree on the midnight
+//! instant by their clock skew. For NTP-synchronised hosts (milliseconds) that means a
+//! request within milliseconds of midnight may be counted in the old day by one replica and
+//! the new day by another; nothing is lost or double-counted, only attributed to one day or
+//! the next. Taking the window from Redis `TIME` instead would need the calendar arithmetic
+//! in Lua and would make `ManualClock` tests of "exhausted until midnight" impossible.
+//!
+//! What a client sees: `X-RateLimit-Limit` = the quota, `X-RateLimit-Remaining` = quota −
+//! used, `X-RateLimit-Reset` = the window's end, and on rejection `Retry-After` = seconds to
+//! the window's end (next 00:00 UTC, or the 1st of next month). `RateLimit-Policy` carries
+//! `q` = the quota and `w` = the window length in seconds: 86 400 for a day and, for a
+//! month, the length of the *current* month (28–31 days), since `w` describes the window the
+//! client is in. The 429 problem names the quota and says when it resets.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -19,6 +61,7 @@ use http::HeaderValue;
 
 use crate::limiter::FailMode;
 use crate::metrics::PolicyMetrics;
+use crate::period::{Period, DAY_SECS};
 
 /// Largest bucket, as the time to refill it from empty: 2^48 µs (about 8.9 years).
 ///
@@ -27,21 +70,28 @@ use crate::metrics::PolicyMetrics;
 /// centuries. A yearly quota still fits.
 const MAX_REFILL_MICROS: u128 = 1 << 48;
 
+/// Largest calendar quota: 2^48 units per window (2.8 × 10¹⁴). The Redis script counts in
+/// Lua doubles, exact below 2^53 even after adding a request's cost.
+pub const MAX_QUOTA: u64 = 1 << 48;
+
 /// A validated rate-limit policy.
 ///
-/// Build with [`Policy::try_new`], then optionally [`Policy::with_shadow`] and
-/// [`Policy::with_on_store_error`].
+/// Build with [`Policy::try_new`] (token bucket) or [`Policy::calendar`] (daily or monthly
+/// quota), then optionally [`Policy::with_shadow`] and [`Policy::with_on_store_error`].
 #[derive(Clone)]
 pub struct Policy {
     name: Arc<str>,
     rate: u64,
     per: Duration,
     burst: u64,
+    period: Option<Period>,
     shadow: bool,
     on_store_error: Option<FailMode>,
     interval_nanos: u64,
     interval_micros: u64,
     header: HeaderValue,
+    /// Monthly quotas: the `RateLimit-Policy` value for months of 28, 29, 30 and 31 days.
+    month_headers: Option<Arc<[HeaderValue; 4]>>,
     metrics: OnceLock<PolicyMetrics>,
 }
 
@@ -79,6 +129,12 @@ pub enum PolicyError {
     /// The name is empty, longer than 64 bytes, or has a character outside `[A-Za-z0-9._:/-]`.
     #[error("policy name {0:?} must be 1-64 characters of [A-Za-z0-9._:/-]")]
     InvalidName(String),
+    /// A calendar quota of 0: it could never admit anything.
+    #[error("quota limit must be at least 1")]
+    ZeroQuota,
+    /// A calendar quota above [`MAX_QUOTA`] (2^48) per window.
+    #[error("quota limit {0} is above the maximum of 2^48 per window")]
+    QuotaTooLarge(u64),
 }
 
 // === impl Policy ===
@@ -97,15 +153,7 @@ impl Policy {
         per: Duration,
         burst: u64,
     ) -> Result<Self, PolicyError> {
-        let name: String = name.into();
-        let name_ok = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
-        if !name_ok {
-            return Err(PolicyError::InvalidName(name));
-        }
+        let name = valid_name(name.into())?;
         if rate == 0 {
             return Err(PolicyError::ZeroRate);
         }
@@ -132,11 +180,62 @@ impl Policy {
             rate,
             per,
             burst,
+            period: None,
             shadow: false,
             on_store_error: None,
             interval_nanos,
             interval_micros,
             header,
+            month_headers: None,
+            metrics: OnceLock::new(),
+        })
+    }
+
+    /// Validates and builds a calendar quota: at most `limit` cost units in the current UTC
+    /// day or month (a fixed window; see the module docs for why, and for what clients see).
+    ///
+    /// Check it with the key [`LimitKey::period`](crate::LimitKey::period) in the same
+    /// [`LimitRequest`](crate::LimitRequest) as the request's buckets; the limiter appends the
+    /// window id to the key itself. For such a policy [`Policy::period`] is `Some`,
+    /// [`Policy::burst`] and [`Policy::rate`] are `limit`, [`Policy::per`] is the period's
+    /// longest window (1 day, 31 days) and the emission intervals are 0.
+    pub fn calendar(
+        name: impl Into<String>,
+        limit: u64,
+        period: Period,
+    ) -> Result<Self, PolicyError> {
+        let name = valid_name(name.into())?;
+        if limit == 0 {
+            return Err(PolicyError::ZeroQuota);
+        }
+        if limit > MAX_QUOTA {
+            return Err(PolicyError::QuotaTooLarge(limit));
+        }
+        let header_for = |days: u64| quota_header(&name, limit, days * DAY_SECS);
+        let (header, month_headers) = match period {
+            Period::Day => (header_for(1), None),
+            Period::Month => (
+                header_for(30),
+                Some(Arc::new([
+                    header_for(28),
+                    header_for(29),
+                    header_for(30),
+                    header_for(31),
+                ])),
+            ),
+        };
+        Ok(Self {
+            name: name.into(),
+            rate: limit,
+            per: period.longest(),
+            burst: limit,
+            period: Some(period),
+            shadow: false,
+            on_store_error: None,
+            interval_nanos: 0,
+            interval_micros: 0,
+            header,
+            month_headers,
             metrics: OnceLock::new(),
         })
     }
@@ -170,9 +269,15 @@ impl Policy {
         self.per
     }
 
-    /// Bucket capacity: the most tokens a client can spend at once.
+    /// Bucket capacity: the most tokens a client can spend at once. For a calendar quota,
+    /// the quota (units per window).
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// `Some` for a calendar quota ([`Policy::calendar`]), `None` for a token bucket.
+    pub fn period(&self) -> Option<Period> {
+        self.period
     }
 
     /// Whether this policy only observes (never rejects).
@@ -185,17 +290,36 @@ impl Policy {
         self.on_store_error
     }
 
-    /// The `RateLimit-Policy` field value for this policy, e.g. `"tenant";q=100;w=1`.
+    /// The `RateLimit-Policy` field value for this policy, e.g. `"tenant";q=100;w=1`,
+    /// `"daily_quota";q=1000;w=86400`. A monthly quota's `w` depends on the month: this is
+    /// the value for a 30-day month; responses use [`Policy::header_value_at`].
     pub fn header_value(&self) -> &HeaderValue {
         &self.header
     }
 
-    /// Emission interval (time per token) in nanoseconds, rounded up.
+    /// The `RateLimit-Policy` field value at wall-clock time `unix_now`: for a monthly quota
+    /// `w` is the length of the month containing `unix_now` (2 419 200 to 2 678 400 s);
+    /// otherwise [`Policy::header_value`]. Never formats: all four month lengths are
+    /// prepared when the policy is built.
+    pub fn header_value_at(&self, unix_now: Duration) -> &HeaderValue {
+        match &self.month_headers {
+            None => &self.header,
+            Some(by_length) => {
+                let days = Period::Month.window(unix_now.as_secs()).len_secs() / DAY_SECS;
+                let index = usize::try_from(days.clamp(28, 31) - 28).unwrap_or(2);
+                &by_length[index]
+            }
+        }
+    }
+
+    /// Emission interval (time per token) in nanoseconds, rounded up; 0 for a calendar
+    /// quota.
     pub fn interval_nanos(&self) -> u64 {
         self.interval_nanos
     }
 
-    /// Emission interval (time per token) in microseconds, rounded up.
+    /// Emission interval (time per token) in microseconds, rounded up; 0 for a calendar
+    /// quota.
     pub fn interval_micros(&self) -> u64 {
         self.interval_micros
     }
@@ -214,6 +338,7 @@ impl fmt::Debug for Policy {
             .field("rate", &self.rate)
             .field("per", &self.per)
             .field("burst", &self.burst)
+            .field("period", &self.period)
             .field("shadow", &self.shadow)
             .field("on_store_error", &self.on_store_error)
             .finish()
@@ -227,6 +352,7 @@ impl PartialEq for Policy {
             self.rate,
             self.per,
             self.burst,
+            self.period,
             self.shadow,
             self.on_store_error,
         ) == (
@@ -234,6 +360,7 @@ impl PartialEq for Policy {
             other.rate,
             other.per,
             other.burst,
+            other.period,
             other.shadow,
             other.on_store_error,
         )
@@ -244,6 +371,25 @@ impl Eq for Policy {}
 
 fn div_ceil(a: u128, b: u128) -> u128 {
     a.div_ceil(b)
+}
+
+fn valid_name(name: String) -> Result<String, PolicyError> {
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    if name_ok {
+        Ok(name)
+    } else {
+        Err(PolicyError::InvalidName(name))
+    }
+}
+
+/// `"name";q=LIMIT;w=WINDOW_SECS` for a calendar quota.
+fn quota_header(name: &str, limit: u64, window_secs: u64) -> HeaderValue {
+    let value = format!("\"{name}\";q={limit};w={window_secs}");
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("\"policy\""))
 }
 
 /// `"name";q=Q;w=W` (draft-ietf-httpapi-ratelimit-headers-10 §5.1).
@@ -325,5 +471,47 @@ mod tests {
         assert_eq!(p.header_value(), "\"day\";q=1000;w=86400");
         let p = Policy::try_new("odd", 3, Duration::from_millis(1500), 3).unwrap();
         assert_eq!(p.header_value(), "\"odd\";q=4;w=2");
+    }
+
+    #[test]
+    fn calendar_policies() {
+        assert_eq!(
+            Policy::calendar("daily_quota", 0, Period::Day),
+            Err(PolicyError::ZeroQuota)
+        );
+        assert_eq!(
+            Policy::calendar("q", MAX_QUOTA + 1, Period::Month),
+            Err(PolicyError::QuotaTooLarge(MAX_QUOTA + 1))
+        );
+        assert!(matches!(
+            Policy::calendar("a b", 1, Period::Day),
+            Err(PolicyError::InvalidName(_))
+        ));
+        let daily = Policy::calendar("daily_quota", 1000, Period::Day).unwrap();
+        assert_eq!(daily.period(), Some(Period::Day));
+        assert_eq!((daily.burst(), daily.rate()), (1000, 1000));
+        assert_eq!(daily.per(), secs(86_400));
+        assert_eq!(daily.interval_nanos(), 0);
+        assert_eq!(daily.header_value(), "\"daily_quota\";q=1000;w=86400");
+        assert_eq!(
+            daily.header_value_at(secs(1_795_305_540)),
+            "\"daily_quota\";q=1000;w=86400"
+        );
+        assert_ne!(
+            daily,
+            Policy::calendar("daily_quota", 1000, Period::Month).unwrap()
+        );
+        assert_eq!(Policy::try_new("t", 1, secs(1), 1).unwrap().period(), None);
+    }
+
+    #[test]
+    fn monthly_header_uses_the_current_month_length() {
+        let p = Policy::calendar("monthly_quota", 50_000, Period::Month).unwrap();
+        let at = |unix: u64| p.header_value_at(secs(unix)).to_str().unwrap().to_owned();
+        // 2026-11-21 (30 days), 2026-12-31 (31), 2026-02-01 (28), 2028-02-28 (29).
+        assert_eq!(at(1_795_305_540), "\"monthly_quota\";q=50000;w=2592000");
+        assert_eq!(at(1_798_718_400), "\"monthly_quota\";q=50000;w=2678400");
+        assert_eq!(at(1_769_904_000), "\"monthly_quota\";q=50000;w=2419200");
+        assert_eq!(at(1_835_308_800), "\"monthly_quota\";q=50000;w=2505600");
     }
 }

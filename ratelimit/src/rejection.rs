@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::decision::{ceil_secs, Decision};
 use crate::headers::write_headers;
+use crate::period::rfc3339;
 use crate::policy::Policy;
 
 /// `type` of a 429: the problem type registered by draft-ietf-httpapi-ratelimit-headers.
@@ -52,6 +53,9 @@ struct Problem<'a> {
     detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<&'a str>,
+    /// `day` or `month` for a calendar quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,25 +104,41 @@ impl Rejection {
                 policy,
                 decision,
                 unix_now,
-            } => Problem {
-                type_: QUOTA_EXCEEDED_TYPE,
-                title: "Request cannot be satisfied as assigned quota has been exceeded",
-                status: 429,
-                detail: format!(
-                    "Rate limit policy \"{}\" ({} per {:?}, bursts up to {}) has no capacity \
-                     left for this request. Wait {retry_after} s (Retry-After) before \
-                     retrying. {RETRY_HOW}",
-                    policy.name(),
-                    policy.rate(),
-                    policy.per(),
-                    policy.burst(),
-                ),
-                policy: Some(policy.name()),
-                limit: Some(decision.limit),
-                remaining: Some(decision.remaining),
-                reset: Some(unix_now.as_secs() + decision.reset_after_secs()),
-                retry_after,
-            },
+            } => {
+                let reset = unix_now.as_secs() + decision.reset_after_secs();
+                let detail = match policy.period() {
+                    None => format!(
+                        "Rate limit policy \"{}\" ({} per {:?}, bursts up to {}) has no \
+                         capacity left for this request. Wait {retry_after} s (Retry-After) \
+                         before retrying. {RETRY_HOW}",
+                        policy.name(),
+                        policy.rate(),
+                        policy.per(),
+                        policy.burst(),
+                    ),
+                    Some(period) => format!(
+                        "Quota \"{}\" ({} per UTC calendar {period}) has {} left, not enough \
+                         for this request. It resets at {} (in {retry_after} s, Retry-After). \
+                         {RETRY_HOW}",
+                        policy.name(),
+                        policy.burst(),
+                        decision.remaining,
+                        rfc3339(reset),
+                    ),
+                };
+                Problem {
+                    type_: QUOTA_EXCEEDED_TYPE,
+                    title: "Request cannot be satisfied as assigned quota has been exceeded",
+                    status: 429,
+                    detail,
+                    policy: Some(policy.name()),
+                    period: policy.period().map(|p| p.as_str()),
+                    limit: Some(decision.limit),
+                    remaining: Some(decision.remaining),
+                    reset: Some(reset),
+                    retry_after,
+                }
+            }
             Self::StoreUnavailable { .. } => Problem {
                 type_: STORE_UNAVAILABLE_TYPE,
                 title: "Rate limiting is temporarily unavailable",
@@ -128,6 +148,7 @@ impl Rejection {
                      closed. Wait {retry_after} s (Retry-After) before retrying. {RETRY_HOW}"
                 ),
                 policy: None,
+                period: None,
                 limit: None,
                 remaining: None,
                 reset: None,
@@ -196,6 +217,44 @@ mod tests {
         let detail = json["detail"].as_str().unwrap();
         assert!(detail.contains("Retry-After") && detail.contains("jitter"));
         assert!(detail.contains("Idempotency-Key"));
+    }
+
+    #[tokio::test]
+    async fn calendar_quota_problem_says_when_it_resets() {
+        let policy = Policy::calendar("daily_quota", 1000, crate::Period::Day).unwrap();
+        let decision = Decision {
+            allowed: false,
+            shadow: false,
+            limit: 1000,
+            remaining: 0,
+            reset_after: Duration::from_secs(60),
+            retry_after: Duration::from_secs(60),
+        };
+        let rejection = Rejection::RateLimited {
+            policy: Arc::new(policy),
+            decision,
+            // 2026-11-21T23:59:00Z
+            unix_now: Duration::from_secs(1_795_305_540),
+        };
+        let response = rejection.to_response();
+        assert_eq!(response.headers()[RETRY_AFTER], "60");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["policy"], "daily_quota");
+        assert_eq!(json["period"], "day");
+        assert_eq!(json["reset"], 1_795_305_600u64);
+        assert_eq!(json["retry_after"], 60);
+        let detail = json["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("\"daily_quota\" (1000 per UTC calendar day)"),
+            "{detail}"
+        );
+        assert!(
+            detail.contains("resets at 2026-11-22T00:00:00Z"),
+            "{detail}"
+        );
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //!   sleep plus a small margin, and policies are chosen so that refill is either irrelevant
 //!   (one token per 10 s) or measured in a few hundred milliseconds. Each test uses a random
 //!   key prefix; nothing is flushed.
+//!
+//! Calendar quota windows come from the limiter's clock in both backends, so both get a
+//! [`ManualClock`] starting at [`START`] (one minute before a UTC midnight), and
+//! [`Harness::advance_calendar`] moves it without sleeping. On Redis that moves only the
+//! calendar (buckets run on server time); locally it moves both, so the quota behaviours use
+//! buckets that a minute's refill cannot confuse, or check them before moving.
 
 // Test helpers outside #[test] fns panic on purpose, like the tests themselves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,18 +20,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use portcullis_ratelimit::limiter::QUOTA_TTL_MARGIN;
 use portcullis_ratelimit::{
-    Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, ManualClock, Policy, RedisLimiter,
-    RedisLimiterConfig, Verdict,
+    Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, ManualClock, Period, Policy,
+    Principal, RedisLimiter, RedisLimiterConfig, Verdict,
 };
 
 /// Slack added to real sleeps against Redis: server time keeps running between calls.
 const REDIS_MARGIN: Duration = Duration::from_millis(30);
 
+/// Where every harness clock starts: 2026-11-21T23:59:00Z, 60 s before a UTC midnight and
+/// 9 days 60 s before the end of the month.
+const START: Duration = Duration::from_secs(1_795_305_540);
+/// The day and month window ids at [`START`], and the next day's.
+const DAY: u64 = 20_261_121;
+const NEXT_DAY: u64 = 20_261_122;
+const MONTH: u64 = 202_611;
+/// Time from [`START`] to the next midnight.
+const TO_MIDNIGHT: Duration = Duration::from_secs(60);
+
 enum Backend {
     Local {
         limiter: Arc<LocalLimiter>,
-        clock: Arc<ManualClock>,
     },
     Redis {
         limiter: Arc<RedisLimiter>,
@@ -36,18 +52,19 @@ enum Backend {
 
 struct Harness {
     backend: Backend,
+    clock: Arc<ManualClock>,
     scope: String,
 }
 
 impl Harness {
     fn local() -> Self {
-        let clock = Arc::new(ManualClock::default());
+        let clock = Arc::new(ManualClock::new(START));
         let limiter = LocalLimiter::with_config(LocalLimiterConfig::default(), clock.clone());
         Self {
             backend: Backend::Local {
                 limiter: Arc::new(limiter),
-                clock,
             },
+            clock,
             scope: format!("t{:016x}", rand::random::<u64>()),
         }
     }
@@ -63,7 +80,10 @@ impl Harness {
             timeout: Duration::from_secs(2),
             key_prefix: prefix.clone(),
         };
-        let limiter = RedisLimiter::open(&url, config).unwrap();
+        let clock = Arc::new(ManualClock::new(START));
+        let limiter = RedisLimiter::open(&url, config)
+            .unwrap()
+            .with_clock(clock.clone());
         let client = ::redis::Client::open(url.as_str()).unwrap();
         let conn = client
             .get_multiplexed_async_connection()
@@ -75,6 +95,7 @@ impl Harness {
                 conn,
                 prefix,
             },
+            clock,
             scope: "t".into(),
         }
     }
@@ -90,18 +111,65 @@ impl Harness {
         LimitKey::custom(&self.scope, name)
     }
 
+    /// A calendar quota key of a tenant named after the test scope and `name`.
+    fn quota_key(&self, name: &str, period: Period) -> LimitKey {
+        LimitKey::period(Principal::Tenant(&format!("{}-{name}", self.scope)), period)
+    }
+
     /// Lets `d` pass for the backend's clock (at least `d`).
     async fn advance(&self, d: Duration) {
         match &self.backend {
-            Backend::Local { clock, .. } => clock.advance(d),
+            Backend::Local { .. } => self.clock.advance(d),
             Backend::Redis { .. } => tokio::time::sleep(d + REDIS_MARGIN).await,
+        }
+    }
+
+    /// Moves the limiter's clock, which places calendar windows, by `d` without sleeping.
+    /// Locally this is the bucket clock too; Redis buckets stay on server time.
+    fn advance_calendar(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    /// Whether the backend holds a counter for `key` in window `window`. Locally: any
+    /// window of `key`, after a sweep (the local table is not addressable by window).
+    async fn has_counter(&self, key: &LimitKey, window: u64) -> bool {
+        match &self.backend {
+            Backend::Local { limiter } => {
+                limiter.sweep();
+                limiter.contains(key)
+            }
+            Backend::Redis { conn, prefix, .. } => {
+                let mut conn = conn.clone();
+                ::redis::cmd("EXISTS")
+                    .arg(format!("{prefix}{key}:{window}"))
+                    .query_async::<bool>(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+
+    /// Redis `PTTL` of `key`'s counter for `window`; `None` locally.
+    async fn counter_ttl(&self, key: &LimitKey, window: u64) -> Option<Duration> {
+        match &self.backend {
+            Backend::Local { .. } => None,
+            Backend::Redis { conn, prefix, .. } => {
+                let mut conn = conn.clone();
+                let ms: i64 = ::redis::cmd("PTTL")
+                    .arg(format!("{prefix}{key}:{window}"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(ms > 0, "counter {key}:{window} has no expiry (PTTL {ms})");
+                Some(Duration::from_millis(ms.unsigned_abs()))
+            }
         }
     }
 
     /// How many of `keys` the backend still keeps state for.
     async fn tracked(&self, keys: &[LimitKey]) -> usize {
         match &self.backend {
-            Backend::Local { limiter, .. } => {
+            Backend::Local { limiter } => {
                 limiter.sweep();
                 keys.iter().filter(|k| limiter.contains(k)).count()
             }
@@ -142,6 +210,10 @@ fn policy(name: &str, rate: u64, per_ms: u64, burst: u64) -> Arc<Policy> {
 /// One token per 10 s: refill cannot interfere with a test lasting milliseconds.
 fn slow(burst: u64) -> Arc<Policy> {
     policy("slow", 1, 10_000, burst)
+}
+
+fn quota(name: &str, limit: u64, period: Period) -> Arc<Policy> {
+    Arc::new(Policy::calendar(name, limit, period).unwrap())
 }
 
 fn check(key: &LimitKey, policy: &Arc<Policy>, cost: u32) -> Check {
@@ -321,6 +393,223 @@ async fn concurrent_requests_never_overspend(h: Harness) {
     assert_eq!(admitted, 10);
 }
 
+// === calendar quotas ===
+
+async fn quota_exhausted_rejects_until_window_end(h: Harness) {
+    let daily = quota("daily_quota", 3, Period::Day);
+    let k = [check(&h.quota_key("a", Period::Day), &daily, 1)];
+    for expected_remaining in [2, 1, 0] {
+        let d = decide(&h, &k).await.decisions()[0];
+        assert!(d.allowed);
+        assert_eq!((d.limit, d.remaining), (3, expected_remaining));
+        assert_eq!(d.reset_after, TO_MIDNIGHT, "the counter resets at midnight");
+    }
+    let v = decide(&h, &k).await;
+    assert!(!v.is_allowed());
+    let d = v.decisions()[0];
+    assert_eq!(d.remaining, 0);
+    assert_eq!(d.retry_after, TO_MIDNIGHT);
+    assert_eq!(d.retry_after_secs(), 60);
+
+    h.advance_calendar(Duration::from_secs(59));
+    let d = decide(&h, &k).await.decisions()[0];
+    assert!(!d.allowed, "still the same day at 23:59:59");
+    assert_eq!(d.retry_after_secs(), 1);
+    h.advance_calendar(Duration::from_secs(1));
+    let d = decide(&h, &k).await.decisions()[0];
+    assert!(d.allowed, "admitted again at midnight");
+    assert_eq!(d.remaining, 2);
+    assert_eq!(d.reset_after, Duration::from_secs(86_400));
+}
+
+async fn rejection_by_bucket_consumes_no_quota(h: Harness) {
+    let (bucket, daily) = (slow(2), quota("daily_quota", 10, Period::Day));
+    let checks = [
+        check(&h.key("bucket"), &bucket, 1),
+        check(&h.quota_key("b", Period::Day), &daily, 1),
+    ];
+    assert!(decide(&h, &checks).await.is_allowed());
+    assert!(decide(&h, &checks).await.is_allowed());
+    for _ in 0..5 {
+        let v = decide(&h, &checks).await;
+        assert!(!v.is_allowed());
+        assert!(!v.decisions()[0].allowed && v.decisions()[1].allowed);
+        assert_eq!(
+            v.reported(),
+            Some(0),
+            "the bucket is what the client must wait for"
+        );
+    }
+    let v = h.limiter().peek(&checks[1..]).await.unwrap();
+    assert_eq!(
+        v.decisions()[0].remaining,
+        8,
+        "only admitted requests count"
+    );
+}
+
+async fn rejection_by_quota_consumes_no_tokens(h: Harness) {
+    let (bucket, daily) = (slow(10), quota("daily_quota", 2, Period::Day));
+    let checks = [
+        check(&h.key("bucket"), &bucket, 1),
+        check(&h.quota_key("c", Period::Day), &daily, 1),
+    ];
+    assert!(decide(&h, &checks).await.is_allowed());
+    assert!(decide(&h, &checks).await.is_allowed());
+    for _ in 0..5 {
+        let v = decide(&h, &checks).await;
+        assert!(!v.is_allowed());
+        assert!(v.decisions()[0].allowed && !v.decisions()[1].allowed);
+        assert_eq!(v.reported(), Some(1));
+        assert_eq!(v.retry_after(), TO_MIDNIGHT);
+    }
+    let v = h.limiter().peek(&checks[..1]).await.unwrap();
+    assert_eq!(
+        v.decisions()[0].remaining,
+        8,
+        "refused requests took no tokens"
+    );
+}
+
+async fn new_window_starts_fresh(h: Harness) {
+    let (daily, monthly) = (
+        quota("daily_quota", 2, Period::Day),
+        quota("monthly_quota", 10, Period::Month),
+    );
+    let (day_key, month_key) = (
+        h.quota_key("d", Period::Day),
+        h.quota_key("d", Period::Month),
+    );
+    let checks = [check(&day_key, &daily, 1), check(&month_key, &monthly, 1)];
+    assert!(decide(&h, &checks).await.is_allowed());
+    assert!(decide(&h, &checks).await.is_allowed());
+    let v = decide(&h, &checks).await;
+    assert!(!v.is_allowed(), "daily quota spent");
+    assert_eq!(v.decisions()[1].remaining, 8, "the month was not charged");
+
+    h.advance_calendar(TO_MIDNIGHT);
+    let v = decide(&h, &checks).await;
+    assert!(v.is_allowed());
+    assert_eq!(v.decisions()[0].remaining, 1, "a new day starts from zero");
+    assert_eq!(v.decisions()[1].remaining, 7, "the month keeps counting");
+    assert!(h.has_counter(&day_key, NEXT_DAY).await);
+    assert!(h.has_counter(&month_key, MONTH).await);
+}
+
+async fn reset_and_give_back(h: Harness) {
+    let (bucket, daily) = (slow(5), quota("daily_quota", 5, Period::Day));
+    let checks = [
+        check(&h.key("bucket"), &bucket, 1),
+        check(&h.quota_key("e", Period::Day), &daily, 1),
+    ];
+    for _ in 0..3 {
+        assert!(decide(&h, &checks).await.is_allowed());
+    }
+    let limiter = h.limiter();
+    let d = limiter.give_back(&checks[1], 2).await.unwrap();
+    assert_eq!((d.limit, d.remaining), (5, 4));
+    assert!(d.allowed && d.reset_after == TO_MIDNIGHT);
+    let d = limiter.give_back(&checks[1], 100).await.unwrap();
+    assert_eq!(d.remaining, 5, "used never goes below 0");
+    let d = limiter.give_back(&checks[0], 1).await.unwrap();
+    assert_eq!(d.remaining, 3);
+    let d = limiter.give_back(&checks[0], 100).await.unwrap();
+    assert_eq!(d.remaining, 5, "capped at the burst");
+
+    for _ in 0..5 {
+        assert!(decide(&h, &checks).await.is_allowed());
+    }
+    assert!(!decide(&h, &checks).await.is_allowed());
+    limiter.reset(&checks).await.unwrap();
+    let v = limiter.peek(&checks).await.unwrap();
+    assert!(v.is_allowed());
+    assert_eq!(v.decisions()[0].remaining, 5, "bucket refilled");
+    assert_eq!(v.decisions()[1].remaining, 5, "quota back to 0 used");
+    limiter.reset(&checks).await.unwrap();
+    let d = limiter.give_back(&checks[1], 1).await.unwrap();
+    assert_eq!(d.remaining, 5, "nothing to give back");
+}
+
+async fn peek_reports_quota_without_consuming(h: Harness) {
+    let daily = quota("daily_quota", 3, Period::Day);
+    let key = h.quota_key("f", Period::Day);
+    let k = [check(&key, &daily, 1)];
+    for _ in 0..5 {
+        let d = h.limiter().peek(&k).await.unwrap().decisions()[0];
+        assert!(d.allowed);
+        assert_eq!((d.limit, d.remaining), (3, 3));
+        assert_eq!(d.reset_after, TO_MIDNIGHT);
+    }
+    decide(&h, &k).await;
+    let d = h.limiter().peek(&k).await.unwrap().decisions()[0];
+    assert_eq!(d.remaining, 2);
+    let heavy = [check(&key, &daily, 3)];
+    let d = h.limiter().peek(&heavy).await.unwrap().decisions()[0];
+    assert!(!d.allowed, "peek reports a would-be rejection");
+    assert_eq!(d.retry_after, TO_MIDNIGHT);
+    let d = h.limiter().peek(&k).await.unwrap().decisions()[0];
+    assert_eq!(d.remaining, 2, "peeking consumed nothing");
+}
+
+async fn counters_expire_after_window(h: Harness) {
+    let (daily, monthly) = (
+        quota("daily_quota", 5, Period::Day),
+        quota("monthly_quota", 5, Period::Month),
+    );
+    let (day_key, month_key) = (
+        h.quota_key("g", Period::Day),
+        h.quota_key("g", Period::Month),
+    );
+    decide(&h, &[check(&day_key, &daily, 1)]).await;
+    decide(&h, &[check(&month_key, &monthly, 1)]).await;
+    if let Some(ttl) = h.counter_ttl(&day_key, DAY).await {
+        // Lives until the window ends (PTTL has lost a few real ms since the write)...
+        assert!(ttl > TO_MIDNIGHT, "expires at {ttl:?}, before midnight");
+        // ...and not much longer.
+        assert!(ttl <= TO_MIDNIGHT + QUOTA_TTL_MARGIN, "expiry {ttl:?}");
+    }
+    if let Some(ttl) = h.counter_ttl(&month_key, MONTH).await {
+        let to_december = Duration::from_secs(9 * 86_400) + TO_MIDNIGHT;
+        assert!(ttl > to_december && ttl <= to_december + QUOTA_TTL_MARGIN);
+    }
+    // A minute short of the window's end, the sweep must keep a live counter; locally
+    // the buckets' "TAT in the past" rule would have dropped it.
+    h.advance_calendar(TO_MIDNIGHT - Duration::from_secs(1));
+    assert!(h.has_counter(&day_key, DAY).await, "live counter dropped");
+    let d = h
+        .limiter()
+        .peek(&[check(&day_key, &daily, 1)])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].remaining, 4);
+    h.advance_calendar(Duration::from_secs(1));
+    if matches!(h.backend, Backend::Local { .. }) {
+        assert!(
+            !h.has_counter(&day_key, DAY).await,
+            "ended window forgotten"
+        );
+        assert!(
+            h.has_counter(&month_key, MONTH).await,
+            "the month is still live"
+        );
+    }
+}
+
+async fn concurrent_requests_never_overspend_quota(h: Harness) {
+    let daily = quota("daily_quota", 10, Period::Day);
+    let key = h.quota_key("race", Period::Day);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (limiter, c) = (h.limiter(), [check(&key, &daily, 1)]);
+        tasks.spawn(async move { limiter.check(&c).await.unwrap().is_allowed() });
+    }
+    let mut admitted = 0;
+    while let Some(ok) = tasks.join_next().await {
+        admitted += usize::from(ok.unwrap());
+    }
+    assert_eq!(admitted, 10);
+}
+
 macro_rules! conformance {
     ($($behaviour:ident),* $(,)?) => {
         mod local {
@@ -353,4 +642,12 @@ conformance!(
     state_expires_once_the_bucket_is_full,
     shadow_policy_never_blocks,
     concurrent_requests_never_overspend,
+    quota_exhausted_rejects_until_window_end,
+    rejection_by_bucket_consumes_no_quota,
+    rejection_by_quota_consumes_no_tokens,
+    new_window_starts_fresh,
+    reset_and_give_back,
+    peek_reports_quota_without_consuming,
+    counters_expire_after_window,
+    concurrent_requests_never_overspend_quota,
 );

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use portcullis_ratelimit::{
-    Check, FailMode, FallbackConfig, FallbackLimiter, LimitKey, Limiter, LimiterError,
-    LocalLimiter, ManualClock, Policy, RedisLimiter, RedisLimiterConfig, Verdict,
+    Check, Decision, FailMode, FallbackConfig, FallbackLimiter, LimitKey, Limiter, LimiterError,
+    LocalLimiter, ManualClock, Period, Policy, Principal, RedisLimiter, RedisLimiterConfig,
+    Verdict,
 };
 
 fn free_port() -> u16 {
@@ -114,6 +115,22 @@ impl Limiter for Switchable {
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
         self.inner.peek(checks).await
     }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(LimiterError::Timeout(Duration::from_millis(50)));
+        }
+        self.inner.reset(checks).await
+    }
+
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(LimiterError::Timeout(Duration::from_millis(50)));
+        }
+        self.inner.give_back(check, amount).await
+    }
 }
 
 #[tokio::test]
@@ -156,6 +173,41 @@ async fn circuit_skips_the_store_then_probes_and_recovers() {
         4,
         "every request uses the store again"
     );
+}
+
+#[tokio::test]
+async fn admin_operations_need_the_primary() {
+    let clock = Arc::new(ManualClock::default());
+    let primary = Arc::new(Switchable::default());
+    let limiter = wrapper(primary.clone(), FailMode::Open, &clock);
+    let quota = Arc::new(Policy::calendar("daily_quota", 3, Period::Day).unwrap());
+    let c = [Check {
+        key: LimitKey::period(Principal::Tenant("acme"), Period::Day),
+        policy: quota,
+        cost: 1,
+    }];
+    for _ in 0..3 {
+        assert!(limiter.check(&c).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&c).await.unwrap().is_allowed());
+    assert_eq!(limiter.give_back(&c[0], 2).await.unwrap().remaining, 2);
+    limiter.reset(&c).await.unwrap();
+    assert_eq!(limiter.peek(&c).await.unwrap().decisions()[0].remaining, 3);
+
+    primary.down.store(true, Ordering::SeqCst);
+    // Fail open: the local stand-in enforces this replica's share, 3 / 2 replicas = 1.
+    assert!(limiter.check(&c).await.unwrap().is_allowed());
+    assert!(limiter.is_degraded());
+    assert!(!limiter.check(&c).await.unwrap().is_allowed());
+    // An operator's reset must not silently land in a local table nobody else sees.
+    assert!(matches!(
+        limiter.reset(&c).await,
+        Err(LimiterError::CircuitOpen { .. })
+    ));
+    assert!(matches!(
+        limiter.give_back(&c[0], 1).await,
+        Err(LimiterError::CircuitOpen { .. })
+    ));
 }
 
 /// A redis-server child on `port`, killed on drop.

@@ -18,7 +18,8 @@ use portcullis_ratelimit::headers::{
 };
 use portcullis_ratelimit::{
     FailMode, FallbackConfig, FallbackLimiter, LimitKey, LimitRequest, Limiter, LocalLimiter,
-    LocalLimiterConfig, ManualClock, Policy, RateLimitLayer, RedisLimiter, RedisLimiterConfig,
+    LocalLimiterConfig, ManualClock, Period, Policy, Principal, RateLimitLayer, RedisLimiter,
+    RedisLimiterConfig,
 };
 use tower::{Layer, ServiceExt};
 
@@ -152,6 +153,66 @@ async fn burst_then_429_problem_json() {
         app.send(&[("x-tenant", "other")]).await.status(),
         StatusCode::OK
     );
+}
+
+#[tokio::test]
+async fn daily_quota_429_names_the_quota_and_waits_until_midnight() {
+    // 2026-11-21T23:59:00Z; midnight is 60 s away.
+    const START: u64 = 1_795_305_540;
+    const MIDNIGHT: u64 = 1_795_305_600;
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(START)));
+    let tenant = Arc::new(Policy::try_new("tenant", 100, Duration::from_secs(1), 100).unwrap());
+    let daily = Arc::new(Policy::calendar("daily_quota", 3, Period::Day).unwrap());
+    let layer = RateLimitLayer::new(local(&clock), move |req: &http::request::Parts| {
+        let id = req.headers.get("x-tenant")?.to_str().ok()?;
+        let principal = Principal::Tenant(id);
+        Some(
+            LimitRequest::new()
+                .with(LimitKey::tenant(id), tenant.clone(), 1)
+                .with(LimitKey::period(principal, Period::Day), daily.clone(), 1),
+        )
+    })
+    .with_clock(clock.clone());
+    let app = App { layer };
+
+    for remaining in ["2", "1", "0"] {
+        let r = app.send(&[("x-tenant", "acme")]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        // The quota is the most restrictive policy, so it is the one in the headers.
+        assert_eq!(header(&r, X_RATELIMIT_REMAINING), remaining);
+        assert_eq!(header(&r, X_RATELIMIT_LIMIT), "3");
+        assert_eq!(header(&r, X_RATELIMIT_RESET), MIDNIGHT.to_string());
+        assert_eq!(header(&r, RATELIMIT_POLICY), "\"daily_quota\";q=3;w=86400");
+    }
+    let r = app.send(&[("x-tenant", "acme")]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, RETRY_AFTER), "60");
+    assert_eq!(header(&r, X_RATELIMIT_RESET), MIDNIGHT.to_string());
+    assert_eq!(header(&r, RATELIMIT), "\"daily_quota\";r=0;t=60");
+    let body = json(r).await;
+    assert_eq!(body["policy"], "daily_quota");
+    assert_eq!(body["period"], "day");
+    assert_eq!(body["retry_after"], 60);
+    assert_eq!(body["reset"], MIDNIGHT);
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("resets at 2026-11-22T00:00:00Z"),
+        "{detail}"
+    );
+
+    // 30.5 s later, 29.5 s are left: Retry-After still reaches midnight, rounded up.
+    clock.advance(Duration::from_millis(30_500));
+    let r = app.send(&[("x-tenant", "acme")]).await;
+    assert_eq!(header(&r, RETRY_AFTER), "30");
+    // Another tenant has its own quota; at midnight acme has a new one.
+    assert_eq!(
+        app.send(&[("x-tenant", "other")]).await.status(),
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_millis(29_500));
+    let r = app.send(&[("x-tenant", "acme")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, X_RATELIMIT_REMAINING), "2");
 }
 
 #[tokio::test]

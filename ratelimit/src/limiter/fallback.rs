@@ -28,6 +28,23 @@
 //! time). The opening is logged once (`warn`) and counted in
 //! `ratelimit_fallback_activations_total`; each decision made without the store is counted in
 //! `ratelimit_fallback_decisions_total{mode}`.
+//!
+//! # Calendar quotas while degraded
+//!
+//! The local stand-in counts calendar quotas too, from zero for each outage and at
+//! `limit / replicas` per replica: a tenant that had already spent its day may spend up to
+//! about one more day's quota (across all replicas) during an outage on that day. Where
+//! that is worse than refusing traffic (billing-grade quotas), build the quota policy with
+//! `.with_on_store_error(FailMode::Closed)`: every request checked against it then fails
+//! closed (503) while the store is down, and requests without it still fall back.
+//!
+//! # Admin operations
+//!
+//! [`Limiter::reset`] and [`Limiter::give_back`] act on the store of record only: while the
+//! circuit is open they fail with [`LimiterError::CircuitOpen`] rather than change a local
+//! stand-in the other replicas cannot see (an operator would believe a reset happened that
+//! vanishes when the store returns). A reset that reached the primary also clears the listed
+//! keys in the local stand-in, so a later outage does not resurrect what was cleared.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +55,7 @@ use tokio::time::Instant;
 
 use super::{Check, Limiter, LimiterError, LocalLimiter, LocalLimiterConfig};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::Verdict;
+use crate::decision::{Decision, Verdict};
 use crate::metrics::{FALLBACK_ACTIVATIONS_TOTAL, FALLBACK_DECISIONS_TOTAL};
 
 /// What to do with a request when the shared store cannot decide it.
@@ -151,6 +168,16 @@ impl FallbackLimiter {
             .map(|_| Probe(Some(&self.probing)))
     }
 
+    /// Admin operations go to the primary or nowhere (see the module docs).
+    fn admin_allowed(&self) -> Result<(), LimiterError> {
+        if self.is_degraded() {
+            return Err(LimiterError::CircuitOpen {
+                retry_in: self.retry_in(),
+            });
+        }
+        Ok(())
+    }
+
     fn retry_in(&self) -> Duration {
         let open_until = self.open_until.load(Ordering::Acquire);
         Duration::from_nanos(open_until.saturating_sub(self.ticks() + 1))
@@ -226,6 +253,17 @@ impl Limiter for FallbackLimiter {
 
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
         self.run(checks, false).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.admin_allowed()?;
+        self.primary.reset(checks).await?;
+        self.local.reset(checks).await
+    }
+
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
+        self.admin_allowed()?;
+        self.primary.give_back(check, amount).await
     }
 }
 

@@ -25,6 +25,21 @@
 //!   entry with the earliest TAT among 8 sampled entries before inserting. Evicting a bucket
 //!   that is not yet full forgets what that key spent, making it *more* permissive by at
 //!   most one burst, never stricter; the cap only binds under a key-spraying flood.
+//!
+//! # Calendar quota counters
+//!
+//! A calendar quota's state is `(key, window id) → used`, kept in a second table of the same
+//! shard (same hash, same lock, so a request mixing buckets and quotas is still decided
+//! under one set of locks). It cannot share the bucket table's "TAT in the past = full"
+//! rule: a counter is worthless only once its *window* has ended, whatever its count. Each
+//! counter therefore stores the monotonic tick at which its window ends (now + time left in
+//! the window by the wall clock, computed when it is written), and both sweeps drop counters
+//! whose window has ended, never a live one. The window id in the identity makes the
+//! window's end, not the sweep, what starts a fresh count: a stale counter that was not yet
+//! swept is simply never read. Counters are subject to the same per-shard cap, separately
+//! (at most `max_keys` buckets plus `max_keys` counters); evicting a live counter forgets up
+//! to one quota's worth of use, which only a key-spraying flood on quota keys could force —
+//! quota keys are normally per tenant, a bounded set.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -36,11 +51,12 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::{Check, Limiter, LimiterError};
+use super::{window_at, Check, Eval, Limiter, LimiterError};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Verdict};
-use crate::gcra::{Evaluation, Gcra};
+use crate::gcra::Gcra;
 use crate::key::LimitKey;
+use crate::period::Quota;
 
 /// Smallest shard size at which an insert triggers a sweep.
 const MIN_SWEEP: usize = 64;
@@ -83,6 +99,8 @@ struct Shard(Mutex<Table>);
 struct Table {
     entries: HashTable<Entry>,
     sweep_at: usize,
+    counters: HashTable<Counter>,
+    counters_sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -90,6 +108,31 @@ struct Entry {
     hash: u64,
     tat: u64,
     key: Box<str>,
+}
+
+/// One window of a calendar quota. Hashed by key alone (same shard as the key's buckets),
+/// identified by key and window.
+#[derive(Debug)]
+struct Counter {
+    hash: u64,
+    window: u64,
+    used: u64,
+    /// Tick at which the window ends; the counter is worthless from then on.
+    expires: u64,
+    key: Box<str>,
+}
+
+/// Where one check's state lives: the key's hash and, for a calendar quota, its window.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    hash: u64,
+    window: Option<WindowAt>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct WindowAt {
+    id: u64,
+    until_end: Duration,
 }
 
 // === impl LocalLimiterConfig ===
@@ -123,6 +166,8 @@ impl LocalLimiter {
                     Shard(Mutex::new(Table {
                         entries: HashTable::new(),
                         sweep_at: MIN_SWEEP,
+                        counters: HashTable::new(),
+                        counters_sweep_at: MIN_SWEEP,
                     }))
                 })
                 .collect(),
@@ -135,9 +180,15 @@ impl LocalLimiter {
         }
     }
 
-    /// Number of tracked keys (for a gauge; walks all shards).
+    /// Number of tracked keys, buckets and quota counters (for a gauge; walks all shards).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).entries.len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let table = lock(s);
+                table.entries.len() + table.counters.len()
+            })
+            .sum()
     }
 
     /// Whether no key is tracked.
@@ -145,7 +196,8 @@ impl LocalLimiter {
         self.len() == 0
     }
 
-    /// Whether `key` has state (a bucket that is not full, or not yet swept).
+    /// Whether `key` has state: a bucket that is not full, or a quota counter of any window,
+    /// not yet swept.
     pub fn contains(&self, key: &LimitKey) -> bool {
         let hash = self.hasher.hash_one(key.as_str());
         let table = lock(&self.shards[self.shard_of(hash)]);
@@ -154,16 +206,21 @@ impl LocalLimiter {
             .entries
             .find(hash, |e| e.hash == hash && &*e.key == key)
             .is_some()
+            || table
+                .counters
+                .find(hash, |c| c.hash == hash && &*c.key == key)
+                .is_some()
     }
 
-    /// Drops every full bucket now. Optional: inserts already sweep amortized; call this
-    /// periodically to return memory after a burst of one-off keys.
+    /// Drops every full bucket and every quota counter whose window has ended, now.
+    /// Optional: inserts already sweep amortized; call this periodically to return memory
+    /// after a burst of one-off keys.
     pub fn sweep(&self) {
         let now = self.ticks();
         for shard in self.shards.iter() {
             let mut table = lock(shard);
-            table.entries.retain(|e| e.tat > now);
-            table.sweep_at = (table.entries.len() * 2).max(MIN_SWEEP);
+            table.sweep_entries(now);
+            table.sweep_counters(now);
         }
     }
 
@@ -187,6 +244,42 @@ impl LocalLimiter {
         }
     }
 
+    fn quota(&self, check: &Check) -> Quota {
+        Quota::new((check.policy.burst() / self.share).max(1))
+    }
+
+    fn target(&self, check: &Check, unix_now: Option<Duration>) -> Target {
+        let window = check
+            .policy
+            .period()
+            .zip(unix_now)
+            .map(|(period, unix_now)| {
+                let (window, until_end) = window_at(period, unix_now);
+                WindowAt {
+                    id: window.id,
+                    until_end,
+                }
+            });
+        Target {
+            hash: self.hasher.hash_one(check.key.as_str()),
+            window,
+        }
+    }
+
+    fn evaluate(&self, table: &Table, check: &Check, target: &Target, now: u64) -> Eval {
+        let (key, cost) = (check.key.as_str(), u64::from(check.cost));
+        match target.window {
+            None => Eval::Bucket(
+                self.gcra(check)
+                    .evaluate(table.tat(target.hash, key), now, cost),
+            ),
+            Some(w) => {
+                let used = table.used(target.hash, key, w.id);
+                Eval::Quota(self.quota(check).evaluate(used, cost, w.until_end))
+            }
+        }
+    }
+
     fn shard_of(&self, hash: u64) -> usize {
         // hashbrown places entries by the low bits and tags them with the top 7; pick the
         // shard from the middle so shard choice and in-table position stay independent.
@@ -198,13 +291,19 @@ impl LocalLimiter {
         // critical section. A reading a few ns stale only makes the decision stricter.
         let now = self.ticks();
         if let [check] = checks {
-            return self.decide_one(check, now, commit);
+            if check.policy.period().is_none() {
+                return self.decide_one(check, now, commit);
+            }
         }
-        let hashes: SmallVec<[u64; 4]> = checks
+        // The wall clock places calendar windows; not read at all without a calendar check.
+        let unix_now = checks
             .iter()
-            .map(|c| self.hasher.hash_one(c.key.as_str()))
-            .collect();
-        let mut order: SmallVec<[usize; 4]> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+            .any(|c| c.policy.period().is_some())
+            .then(|| self.clock.unix_now());
+        let targets: SmallVec<[Target; 4]> =
+            checks.iter().map(|c| self.target(c, unix_now)).collect();
+        let mut order: SmallVec<[usize; 4]> =
+            targets.iter().map(|t| self.shard_of(t.hash)).collect();
         order.sort_unstable();
         order.dedup();
         // Ascending order: two requests sharing shards always lock them in the same order.
@@ -212,33 +311,84 @@ impl LocalLimiter {
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |hash: u64| order.binary_search(&self.shard_of(hash)).unwrap_or(0);
 
-        let evals: SmallVec<[Evaluation; 4]> = checks
+        let evals: SmallVec<[Eval; 4]> = checks
             .iter()
-            .zip(&hashes)
-            .map(|(check, &hash)| {
-                let stored = guards[slot(hash)].tat(hash, check.key.as_str());
-                self.gcra(check)
-                    .evaluate(stored, now, u64::from(check.cost))
-            })
+            .zip(&targets)
+            .map(|(check, t)| self.evaluate(&guards[slot(t.hash)], check, t, now))
             .collect();
         let admitted = !checks
             .iter()
             .zip(&evals)
-            .any(|(c, e)| !e.allowed && !c.policy.is_shadow());
+            .any(|(c, e)| !e.allowed() && !c.policy.is_shadow());
 
         if commit && admitted {
-            for ((check, &hash), eval) in checks.iter().zip(&hashes).zip(&evals) {
-                if eval.allowed && eval.new_tat > now {
-                    let table = &mut guards[slot(hash)];
-                    table.store(hash, check.key.as_str(), eval.new_tat, now, self.shard_cap);
+            for ((check, t), eval) in checks.iter().zip(&targets).zip(&evals) {
+                let table = &mut guards[slot(t.hash)];
+                let key = check.key.as_str();
+                match (eval, t.window) {
+                    (Eval::Bucket(e), _) if e.allowed && e.new_tat > now => {
+                        table.store(t.hash, key, e.new_tat, now, self.shard_cap);
+                    }
+                    (Eval::Quota(e), Some(w)) if e.allowed && e.new_used > e.used => {
+                        table.store_counter(t.hash, key, w, e.new_used, now, self.shard_cap);
+                    }
+                    _ => {}
                 }
             }
         }
         drop(guards);
 
         Verdict::from_decisions(checks.iter().zip(&evals).map(|(c, e)| -> Decision {
-            e.decision(commit && admitted && e.allowed, c.policy.is_shadow(), NANO)
+            e.decision(
+                commit && admitted && e.allowed(),
+                c.policy.is_shadow(),
+                NANO,
+            )
         }))
+    }
+
+    fn reset_now(&self, checks: &[Check]) {
+        let unix_now = self.clock.unix_now();
+        for check in checks {
+            let target = self.target(check, Some(unix_now));
+            let key = check.key.as_str();
+            let mut table = lock(&self.shards[self.shard_of(target.hash)]);
+            match target.window {
+                None => table.remove(target.hash, key),
+                Some(w) => table.remove_counter(target.hash, key, w.id),
+            }
+        }
+    }
+
+    fn give_back_now(&self, check: &Check, amount: u64) -> Decision {
+        let now = self.ticks();
+        let target = self.target(check, Some(self.clock.unix_now()));
+        let (hash, key) = (target.hash, check.key.as_str());
+        let mut table = lock(&self.shards[self.shard_of(hash)]);
+        match target.window {
+            None => {
+                if let Some(tat) = table.tat(hash, key) {
+                    let gcra = self.gcra(check);
+                    // More than a burst back is a full bucket; capping first avoids overflow.
+                    let back = amount.min(gcra.burst()).saturating_mul(gcra.interval());
+                    match tat.saturating_sub(back) {
+                        tat if tat > now => table.store(hash, key, tat, now, self.shard_cap),
+                        _ => table.remove(hash, key),
+                    }
+                }
+            }
+            Some(w) => {
+                let used = table.used(hash, key, w.id).saturating_sub(amount);
+                if used == 0 {
+                    table.remove_counter(hash, key, w.id);
+                } else {
+                    table.store_counter(hash, key, w, used, now, self.shard_cap);
+                }
+            }
+        }
+        let eval = self.evaluate(&table, check, &target, now);
+        drop(table);
+        eval.decision(false, check.policy.is_shadow(), NANO)
     }
 
     /// The common single-policy case, without the multi-lock bookkeeping.
@@ -276,6 +426,15 @@ impl Limiter for LocalLimiter {
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
         Ok(self.decide(checks, false))
     }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.reset_now(checks);
+        Ok(())
+    }
+
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
+        Ok(self.give_back_now(check, amount))
+    }
 }
 
 // === impl Table ===
@@ -298,8 +457,7 @@ impl Table {
         if self.entries.len() >= cap {
             self.evict_one();
         } else if self.entries.len() >= self.sweep_at {
-            self.entries.retain(|e| e.tat > now);
-            self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
+            self.sweep_entries(now);
         }
         let entry = Entry {
             hash,
@@ -307,6 +465,75 @@ impl Table {
             key: key.into(),
         };
         self.entries.insert_unique(hash, entry, |e| e.hash);
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) {
+        if let Ok(entry) = self
+            .entries
+            .find_entry(hash, |e| e.hash == hash && &*e.key == key)
+        {
+            entry.remove();
+        }
+    }
+
+    fn sweep_entries(&mut self, now: u64) {
+        self.entries.retain(|e| e.tat > now);
+        self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
+    }
+
+    /// Units used in `window` of the quota `key` (0: no counter).
+    fn used(&self, hash: u64, key: &str, window: u64) -> u64 {
+        self.counters
+            .find(hash, |c| {
+                c.hash == hash && c.window == window && &*c.key == key
+            })
+            .map_or(0, |c| c.used)
+    }
+
+    /// Sets the count of window `w` of the quota `key` to `used`, creating the counter
+    /// (expiring when the window ends) if needed.
+    fn store_counter(
+        &mut self,
+        hash: u64,
+        key: &str,
+        w: WindowAt,
+        used: u64,
+        now: u64,
+        cap: usize,
+    ) {
+        if let Some(c) = self.counters.find_mut(hash, |c| {
+            c.hash == hash && c.window == w.id && &*c.key == key
+        }) {
+            c.used = used;
+            return;
+        }
+        if self.counters.len() >= cap {
+            self.evict_one_counter();
+        } else if self.counters.len() >= self.counters_sweep_at {
+            self.sweep_counters(now);
+        }
+        let counter = Counter {
+            hash,
+            window: w.id,
+            used,
+            expires: now.saturating_add(u64::try_from(w.until_end.as_nanos()).unwrap_or(u64::MAX)),
+            key: key.into(),
+        };
+        self.counters.insert_unique(hash, counter, |c| c.hash);
+    }
+
+    fn remove_counter(&mut self, hash: u64, key: &str, window: u64) {
+        if let Ok(entry) = self.counters.find_entry(hash, |c| {
+            c.hash == hash && c.window == window && &*c.key == key
+        }) {
+            entry.remove();
+        }
+    }
+
+    /// Drops the counters of windows that have ended; a live counter is never dropped.
+    fn sweep_counters(&mut self, now: u64) {
+        self.counters.retain(|c| c.expires > now);
+        self.counters_sweep_at = (self.counters.len() * 2).max(MIN_SWEEP);
     }
 
     fn evict_one(&mut self) {
@@ -323,6 +550,18 @@ impl Table {
             {
                 entry.remove();
             }
+        }
+    }
+
+    fn evict_one_counter(&mut self) {
+        let victim = self
+            .counters
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|c| c.expires)
+            .map(|c| (c.hash, c.window, c.key.clone()));
+        if let Some((hash, window, key)) = victim {
+            self.remove_counter(hash, &key, window);
         }
     }
 }

@@ -21,6 +21,18 @@
 //! Steps 1–4 happen under one lock (local) or inside one Lua script (Redis), so concurrent
 //! requests cannot both take the last token. Keys within one request should be distinct:
 //! a key listed twice is evaluated twice against the same starting state.
+//!
+//! Calendar quotas ([`Policy::calendar`]) are checks like any other: "tokens" are the
+//! current window's used count, "consumes its cost" adds the cost to it, and the same
+//! all-or-nothing rule holds, so a request refused by a bucket spends no quota and a request
+//! refused by the quota spends no bucket tokens. The window (and the window id appended to
+//! the key) comes from the limiter's [`Clock`](crate::Clock) wall time.
+//!
+//! # Admin operations
+//!
+//! [`Limiter::reset`] and [`Limiter::give_back`] let an operator undo consumption (a manual
+//! quota reset, a top-up after an incident). They act on the same state the decisions use,
+//! atomically per key, and never on another window than the current one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,8 +40,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use crate::decision::Verdict;
+use crate::decision::{Decision, Verdict};
+use crate::gcra::Evaluation;
 use crate::key::LimitKey;
+use crate::period::{Period, QuotaEvaluation, Window};
 use crate::policy::Policy;
 
 mod fallback;
@@ -38,7 +52,7 @@ mod redis;
 
 pub use self::fallback::{FailMode, FallbackConfig, FallbackLimiter};
 pub use self::local::{LocalLimiter, LocalLimiterConfig};
-pub use self::redis::{RedisLimiter, RedisLimiterConfig};
+pub use self::redis::{RedisLimiter, RedisLimiterConfig, QUOTA_TTL_MARGIN};
 
 /// One bucket to check for a request: which key, under which policy, at what cost.
 #[derive(Debug, Clone)]
@@ -71,8 +85,20 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
     async fn check(&self, checks: &[Check]) -> Result<Verdict, LimiterError>;
 
     /// The same evaluation without consuming anything: the current state of each bucket
-    /// (for the admin usage view) and whether a request of that cost would pass now.
+    /// and calendar counter (for the admin usage view) and whether a request of that cost
+    /// would pass now.
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError>;
+
+    /// Admin: refills every listed bucket and sets every listed calendar counter of the
+    /// *current* window back to 0 (`cost` is ignored). Idempotent.
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError>;
+
+    /// Admin: gives `amount` units back to one check's state and returns it, as
+    /// [`Limiter::peek`] would (for a request of `check.cost`).
+    ///
+    /// Calendar quota: the current window's used count decreases by `amount`, not below 0.
+    /// Bucket: `amount` tokens are returned, capped at the burst (a full bucket).
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError>;
 }
 
 /// Why a limiter could not decide.
@@ -103,6 +129,40 @@ pub enum LimiterError {
     /// The limiter was built with an invalid setting.
     #[error("invalid rate-limit store configuration: {0}")]
     Config(String),
+}
+
+/// One check evaluated against its state: a token bucket or a calendar window's counter.
+/// Shared by the backends so they report identical decisions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Eval {
+    Bucket(Evaluation),
+    Quota(QuotaEvaluation),
+}
+
+// === impl Eval ===
+
+impl Eval {
+    pub(crate) fn allowed(&self) -> bool {
+        match self {
+            Eval::Bucket(e) => e.allowed,
+            Eval::Quota(e) => e.allowed,
+        }
+    }
+
+    /// `tick`: the bucket's tick (1 ns locally, 1 µs on Redis); unused by counters.
+    pub(crate) fn decision(&self, committed: bool, shadow: bool, tick: Duration) -> Decision {
+        match self {
+            Eval::Bucket(e) => e.decision(committed, shadow, tick),
+            Eval::Quota(e) => e.decision(committed, shadow),
+        }
+    }
+}
+
+/// The window of `period` at wall time `unix_now`, and the time left in it (always > 0:
+/// a window ends strictly after any instant it contains).
+pub(crate) fn window_at(period: Period, unix_now: Duration) -> (Window, Duration) {
+    let window = period.window(unix_now.as_secs());
+    (window, window.until_end(unix_now))
 }
 
 // === impl LimitRequest ===

@@ -30,9 +30,30 @@
 //! The GCRA arithmetic lives twice: in the script (to decide and write atomically) and in
 //! [`crate::gcra`] (to report remaining/reset/retry from the TATs the script returns). The
 //! script returns the TATs it read, Rust recomputes, and a disagreement is reported as a
-//! protocol error rather than papered over.
+//! protocol error rather than papered over. Calendar counters are handled the same way with
+//! [`crate::period::Quota`].
+//!
+//! # Calendar quotas: the gateway's clock, not the server's
+//!
+//! A calendar quota's counter is the key `<key>:<window id>` (e.g.
+//! `rl:{tenant:acme}:quota:day:20261121`), an integer count. The window is computed in Rust
+//! from the limiter's [`Clock`] (see [`RedisLimiter::with_clock`]) and passed in: the key
+//! names the window, and the script receives the time left in it. Buckets stay on server
+//! time; only *which day it is* comes from the gateway. Trade-off: replicas disagree on the
+//! midnight instant by their clock skew (milliseconds under NTP), so a request at the
+//! boundary may be counted in either day, never in both and never lost. Computing the
+//! window from `TIME` would remove that skew but put calendar arithmetic in Lua and make the
+//! boundary untestable with a `ManualClock`.
+//!
+//! Each write sets the counter's expiry to the time left in its window by the writer's clock
+//! plus [`QUOTA_TTL_MARGIN`] (relative `PX`, not `PEXPIREAT`: the server's own clock never
+//! decides what window a counter belongs to, so server/gateway skew cannot expire a live
+//! counter early). The margin covers replica skew: a replica whose clock lags still finds the
+//! old window's counter until its own midnight. Redis memory: one small key per quota per
+//! principal that used it in the current window (two around a boundary, for the margin).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,40 +61,58 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use tokio::sync::OnceCell;
 
-use super::{Check, Limiter, LimiterError};
-use crate::decision::Verdict;
+use super::{window_at, Check, Eval, Limiter, LimiterError};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Verdict};
 use crate::gcra::Gcra;
 use crate::metrics::REDIS_DECISION_SECONDS;
+use crate::period::Quota;
+
+/// Added to a calendar counter's expiry beyond the end of its window (by the writing
+/// gateway's clock), to cover clock skew between replicas. See the module docs.
+pub const QUOTA_TTL_MARGIN: Duration = Duration::from_secs(60);
+
+/// One tick of the script's clock.
+const MICRO: Duration = Duration::from_micros(1);
 
 /// The decision script. See the module docs; `KEYS`/`ARGV` layout in its header.
 const SCRIPT: &str = r#"
--- Portcullis GCRA: all-or-nothing decision over #KEYS buckets on Redis server time.
+-- Portcullis: all-or-nothing decision over #KEYS GCRA buckets (on Redis server time) and
+-- calendar quota counters (windows chosen by the caller).
 -- ARGV[1]: '1' = consume if admitted, '0' = peek.
--- ARGV[2 + 4(i-1) ..]: interval_us, burst, cost, shadow ('1'/'0') of bucket KEYS[i].
--- Returns {now_us, admitted (1/0), tat_1 or -1, ..., tat_n or -1} (TATs as read).
+-- ARGV[2 + 5(i-1) ..] for KEYS[i]: interval_us ('0': a quota counter), burst or quota,
+--   cost, shadow ('1'/'0'), counter TTL in ms (quota counters; '0' for buckets).
+-- Returns {now_us, admitted (1/0), v_1 or -1, ..., v_n or -1}: each TAT or count as read.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {now, 1}
 local admitted = true
-local new_tats = {}
+local new_vals = {}
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 4
+  local a = 2 + (i - 1) * 5
   local interval = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 2])
-  local tat = now
   local stored = redis.call('GET', KEYS[i])
   if stored then
     stored = tonumber(stored)
     out[i + 2] = stored
-    if stored > now then tat = stored end
   else
     out[i + 2] = -1
   end
-  local new_tat = tat + cost * interval
-  if cost <= burst and new_tat - burst * interval <= now then
-    new_tats[i] = new_tat
+  local fits, new_val
+  if interval == 0 then
+    new_val = (stored or 0) + cost
+    fits = cost <= burst and new_val <= burst
+  else
+    local tat = now
+    if stored and stored > now then tat = stored end
+    new_val = tat + cost * interval
+    fits = cost <= burst and new_val - burst * interval <= now
+  end
+  if fits then
+    new_vals[i] = new_val
   elseif ARGV[a + 3] ~= '1' then
     admitted = false
   end
@@ -81,13 +120,49 @@ end
 if not admitted then out[2] = 0 end
 if ARGV[1] == '1' and admitted then
   for i = 1, #KEYS do
-    local nt = new_tats[i]
-    if nt and nt > now then
-      redis.call('SET', KEYS[i], string.format('%.0f', nt), 'PX', math.ceil((nt - now) / 1000))
+    local a = 2 + (i - 1) * 5
+    local nv = new_vals[i]
+    if nv and ARGV[a] == '0' then
+      if ARGV[a + 2] ~= '0' then
+        redis.call('SET', KEYS[i], string.format('%.0f', nv), 'PX', ARGV[a + 4])
+      end
+    elseif nv and nv > now then
+      redis.call('SET', KEYS[i], string.format('%.0f', nv), 'PX', math.ceil((nv - now) / 1000))
     end
   end
 end
 return out
+"#;
+
+/// Admin: gives units back to one bucket or counter, atomically.
+const GIVE_BACK_SCRIPT: &str = r#"
+-- Portcullis: give back ARGV[2] units to KEYS[1].
+-- ARGV[1]: interval_us ('0': a quota counter); ARGV[3]: counter TTL in ms.
+-- Returns {now_us, value after (TAT or count) or -1 when nothing is left to store}.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local stored = redis.call('GET', KEYS[1])
+if not stored then return {now, -1} end
+stored = tonumber(stored)
+local interval = tonumber(ARGV[1])
+local amount = tonumber(ARGV[2])
+if interval == 0 then
+  local used = stored - amount
+  if used <= 0 then
+    redis.call('DEL', KEYS[1])
+    return {now, -1}
+  end
+  redis.call('SET', KEYS[1], string.format('%.0f', used), 'PX', ARGV[3])
+  return {now, used}
+end
+local tat = stored - amount * interval
+if tat <= now then
+  redis.call('DEL', KEYS[1])
+  return {now, -1}
+end
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
+return {now, tat}
 "#;
 
 /// Settings for [`RedisLimiter`].
@@ -105,7 +180,16 @@ pub struct RedisLimiter {
     client: redis::Client,
     conn: OnceCell<ConnectionManager>,
     script: Script,
+    give_back_script: Script,
     config: RedisLimiterConfig,
+    clock: Arc<dyn Clock>,
+}
+
+/// Where one check's state lives in Redis: the full key and, for a calendar quota, the time
+/// left in its window.
+struct Target {
+    key: String,
+    until_end: Option<Duration>,
 }
 
 // === impl RedisLimiterConfig ===
@@ -145,8 +229,17 @@ impl RedisLimiter {
             client,
             conn: OnceCell::new(),
             script: Script::new(SCRIPT),
+            give_back_script: Script::new(GIVE_BACK_SCRIPT),
             config,
+            clock: Arc::new(SystemClock),
         })
+    }
+
+    /// The wall clock that places calendar-quota windows (default [`SystemClock`]). Buckets
+    /// are unaffected: they run on Redis server time.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Connects (if not yet) and sends `PING`, under the timeout: a readiness probe.
@@ -190,25 +283,55 @@ impl RedisLimiter {
             .unwrap_or(Err(LimiterError::Timeout(self.config.timeout)))
     }
 
+    /// The Redis key of `check`'s state now: the prefixed key, plus `:<window id>` for a
+    /// calendar quota.
+    fn target(&self, check: &Check, unix_now: Option<Duration>) -> Target {
+        let prefix = &self.config.key_prefix;
+        match check.policy.period().zip(unix_now) {
+            None => Target {
+                key: format!("{prefix}{}", check.key),
+                until_end: None,
+            },
+            Some((period, unix_now)) => {
+                let (window, until_end) = window_at(period, unix_now);
+                Target {
+                    key: format!("{prefix}{}:{}", check.key, window.id),
+                    until_end: Some(until_end),
+                }
+            }
+        }
+    }
+
     async fn decide(&self, checks: &[Check], commit: bool) -> Result<Verdict, LimiterError> {
         if checks.is_empty() {
             return Ok(Verdict::from_decisions([]));
         }
         let started = tokio::time::Instant::now();
+        let unix_now = checks
+            .iter()
+            .any(|c| c.policy.period().is_some())
+            .then(|| self.clock.unix_now());
+        let mut windows = smallvec::SmallVec::<[Option<Duration>; 4]>::new();
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(u8::from(commit));
         for check in checks {
-            if self.config.key_prefix.is_empty() {
-                invocation.key(check.key.as_str());
-            } else {
-                invocation.key(format!("{}{}", self.config.key_prefix, check.key));
-            }
             let p = &check.policy;
+            let until_end = if p.period().is_none() && self.config.key_prefix.is_empty() {
+                // The common case: the key as it is, no formatting.
+                invocation.key(check.key.as_str());
+                None
+            } else {
+                let target = self.target(check, unix_now);
+                invocation.key(target.key);
+                target.until_end
+            };
+            windows.push(until_end);
             invocation
                 .arg(p.interval_micros())
                 .arg(p.burst())
                 .arg(check.cost)
-                .arg(u8::from(p.is_shadow()));
+                .arg(u8::from(p.is_shadow()))
+                .arg(until_end.map_or(0, counter_ttl_ms));
         }
         let reply: Vec<i64> = self
             .bounded(async {
@@ -219,7 +342,7 @@ impl RedisLimiter {
         let op = if commit { "check" } else { "peek" };
         metrics::histogram!(REDIS_DECISION_SECONDS, "op" => op)
             .record(started.elapsed().as_secs_f64());
-        verdict_from_reply(checks, commit, &reply)
+        verdict_from_reply(checks, &windows, commit, &reply)
     }
 }
 
@@ -242,30 +365,101 @@ impl Limiter for RedisLimiter {
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
         self.decide(checks, false).await
     }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let unix_now = Some(self.clock.unix_now());
+        let keys: Vec<String> = checks
+            .iter()
+            .map(|c| self.target(c, unix_now).key)
+            .collect();
+        // One DEL: atomic, and an absent key is a full bucket or a zero count.
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<i64>(&mut conn)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
+        let p = &check.policy;
+        let target = self.target(check, Some(self.clock.unix_now()));
+        // Bounded so the script's doubles stay exact: more than a burst back is a full
+        // bucket, more than 2^52 back is a zero count (counts stay below 2^49).
+        let amount = match target.until_end {
+            None => amount.min(p.burst()),
+            Some(_) => amount.min(1 << 52),
+        };
+        let mut invocation = self.give_back_script.key(&target.key);
+        invocation
+            .arg(p.interval_micros())
+            .arg(amount)
+            .arg(target.until_end.map_or(0, counter_ttl_ms));
+        let reply: Vec<i64> = self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                Ok(invocation.invoke_async(&mut conn).await?)
+            })
+            .await?;
+        let &[now, value] = reply.as_slice() else {
+            return Err(LimiterError::Protocol(format!(
+                "give-back script reply {reply:?}"
+            )));
+        };
+        let eval = evaluate(check, target.until_end, now.unsigned_abs(), value);
+        Ok(eval.decision(false, p.is_shadow(), MICRO))
+    }
 }
 
-/// Recomputes the decisions from the TATs the script read; see the module docs.
+/// A calendar counter's `PX`: the time left in its window plus the skew margin, in whole
+/// milliseconds rounded up.
+fn counter_ttl_ms(until_end: Duration) -> u64 {
+    let ttl = until_end.saturating_add(QUOTA_TTL_MARGIN);
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Evaluates one check from the value the script read (`-1`: absent) at server time `now`.
+fn evaluate(check: &Check, until_end: Option<Duration>, now: u64, value: i64) -> Eval {
+    let p = &check.policy;
+    let stored = u64::try_from(value).ok();
+    let cost = u64::from(check.cost);
+    match until_end {
+        None => Eval::Bucket(Gcra::new(p.interval_micros(), p.burst()).evaluate(stored, now, cost)),
+        Some(until_end) => {
+            Eval::Quota(Quota::new(p.burst()).evaluate(stored.unwrap_or(0), cost, until_end))
+        }
+    }
+}
+
+/// Recomputes the decisions from the values the script read; see the module docs.
+/// `windows[i]`: time left in check `i`'s window (calendar quotas only).
 fn verdict_from_reply(
     checks: &[Check],
+    windows: &[Option<Duration>],
     commit: bool,
     reply: &[i64],
 ) -> Result<Verdict, LimiterError> {
     let bad = || LimiterError::Protocol(format!("script reply {reply:?}"));
     let (&now, rest) = reply.split_first().ok_or_else(bad)?;
-    let (&admitted, tats) = rest.split_first().ok_or_else(bad)?;
-    if tats.len() != checks.len() || now < 0 {
+    let (&admitted, values) = rest.split_first().ok_or_else(bad)?;
+    if values.len() != checks.len() || windows.len() != checks.len() || now < 0 {
         return Err(bad());
     }
     let now = now.unsigned_abs();
     let admitted = admitted == 1;
-    let micro = Duration::from_micros(1);
-    let verdict = Verdict::from_decisions(checks.iter().zip(tats).map(|(check, &tat)| {
-        let p = &check.policy;
-        let stored = u64::try_from(tat).ok();
-        let eval =
-            Gcra::new(p.interval_micros(), p.burst()).evaluate(stored, now, u64::from(check.cost));
-        eval.decision(commit && admitted && eval.allowed, p.is_shadow(), micro)
-    }));
+    let verdict = Verdict::from_decisions(checks.iter().zip(windows).zip(values).map(
+        |((check, &until_end), &value)| {
+            let eval = evaluate(check, until_end, now, value);
+            let committed = commit && admitted && eval.allowed();
+            eval.decision(committed, check.policy.is_shadow(), MICRO)
+        },
+    ));
     if verdict.is_allowed() != admitted {
         return Err(bad());
     }
