@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
+pub mod admin_cli;
 pub mod body_timeout;
 pub mod config;
 pub mod db;
@@ -89,7 +91,7 @@ pub async fn run(
     let limiter = ratelimit::build_limiter(&config)?;
     let rejections = Arc::new(quota_admin::RejectionCounters::default());
     // The admin API's view of rate limiting (usage, period reset and top-up).
-    let _quota_admin: Arc<dyn quota::QuotaAdmin> = Arc::new(quota_admin::LimiterQuotaAdmin::new(
+    let quota_admin: Arc<dyn quota::QuotaAdmin> = Arc::new(quota_admin::LimiterQuotaAdmin::new(
         limiter.clone(),
         directory.clone(),
         rejections.clone(),
@@ -138,6 +140,7 @@ pub async fn run(
             ))
         })
         .collect();
+    let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
         let _ = refresh_rx.wait_for(|stop| *stop).await;
@@ -157,7 +160,14 @@ pub async fn run(
     let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
 
-    let admin_app = ops::router(health.clone(), metrics);
+    let admin_app = admin_router(
+        &config,
+        &db,
+        admin_directory,
+        admin_idempotency,
+        quota_admin,
+        ops::router(health.clone(), metrics),
+    );
     let mut admin_rx = stop_rx.clone();
     let admin = tokio::spawn(async move {
         let stopped = async move {
@@ -189,6 +199,44 @@ pub async fn run(
     db.close().await;
     tracing::info!("portcullis stopped");
     Ok(())
+}
+
+/// The admin listener's app: operations routes, plus the admin API when a token is set.
+/// Without a token the admin API is not served at all (404 problem saying why) rather than
+/// refusing to start the gateway: the proxy and `/metrics` stay useful, and the embedded
+/// default must run for a newcomer who has not set a token.
+fn admin_router(
+    config: &Config,
+    db: &Database,
+    directory: Arc<Directory>,
+    idempotency: Arc<dyn portcullis_idempotency::Store>,
+    quota: Arc<dyn quota::QuotaAdmin>,
+    ops: axum::Router,
+) -> axum::Router {
+    let Some(token) = &config.admin_token else {
+        tracing::warn!(
+            "admin API disabled: {} is not set; the admin listener serves only /healthz, /readyz and /metrics",
+            config::ENV_ADMIN_TOKEN
+        );
+        return ops.merge(admin::disabled_router());
+    };
+    let routes = config
+        .routes
+        .iter()
+        .map(|r| admin::ConfiguredRoute {
+            prefix: r.prefix.clone(),
+            cost: r.cost,
+        })
+        .collect();
+    tracing::info!(base = admin::BASE, "admin API enabled (bearer token)");
+    ops.merge(admin::router(admin::AdminContext {
+        db: db.clone(),
+        directory,
+        quota,
+        idempotency,
+        token: token.clone(),
+        routes,
+    }))
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use portcullis_gateway::admin_cli;
 use portcullis_gateway::config::{self, Config, LogFormat, ProcessEnv};
 
 /// The embedded default: memory state, SQLite file, demo upstream.
@@ -32,6 +33,9 @@ enum Command {
         /// The file to check.
         file: PathBuf,
     },
+    /// Administer tenants, keys and quotas through a running gateway's admin API (token from
+    /// PORTCULLIS_ADMIN_TOKEN).
+    Admin(admin_cli::AdminArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +50,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Admin(args)) = cli.command {
+        admin_cli::run(args)?;
+        return Ok(());
+    }
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read {}", file.display()))?;

@@ -4,20 +4,11 @@
 //! The admin API holds an `Arc<dyn QuotaAdmin>`; the gateway implements it over the configured
 //! limiter, so the admin code never branches on the state backend.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use serde::Serialize;
 
-/// A long quota period, on UTC calendar boundaries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Period {
-    /// From 00:00 UTC to the next 00:00 UTC.
-    Day,
-    /// From the 1st 00:00 UTC to the next month's 1st.
-    Month,
-}
+/// A long quota period, on UTC calendar boundaries (the rate-limit crate's, which enforces it).
+pub use portcullis_ratelimit::Period;
 
 /// One bucket's state as the limiter sees it now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -89,57 +80,4 @@ pub trait QuotaAdmin: Send + Sync {
         period: Period,
         amount: u64,
     ) -> Result<PeriodUsage, QuotaError>;
-}
-
-/// How long until the end of the current `period` for a Unix time in seconds (UTC).
-pub fn until_period_end(period: Period, unix_secs: u64) -> Duration {
-    use chrono::{Datelike, TimeZone, Utc};
-    let Some(now) = Utc
-        .timestamp_opt(i64::try_from(unix_secs).unwrap_or(i64::MAX), 0)
-        .single()
-    else {
-        return Duration::from_secs(1);
-    };
-    let next = match period {
-        Period::Day => now
-            .date_naive()
-            .succ_opt()
-            .and_then(|d| d.and_hms_opt(0, 0, 0)),
-        Period::Month => {
-            let (year, month) = if now.month() == 12 {
-                (now.year() + 1, 1)
-            } else {
-                (now.year(), now.month() + 1)
-            };
-            chrono::NaiveDate::from_ymd_opt(year, month, 1).and_then(|d| d.and_hms_opt(0, 0, 0))
-        }
-    };
-    match next {
-        Some(next) => {
-            let secs = next.and_utc().timestamp() - now.timestamp();
-            Duration::from_secs(u64::try_from(secs).unwrap_or(1).max(1))
-        }
-        None => Duration::from_secs(1),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn period_ends_on_utc_calendar_boundaries() {
-        // 2026-11-21T23:59:00Z → 60 s to midnight; 10 days + 60 s to December 1st.
-        let t = 1_795_305_540;
-        assert_eq!(until_period_end(Period::Day, t), Duration::from_secs(60));
-        assert_eq!(
-            until_period_end(Period::Month, t),
-            Duration::from_secs(9 * 86_400 + 60)
-        );
-        // 2026-12-31T12:00:00Z → month rolls into the next year.
-        assert_eq!(
-            until_period_end(Period::Month, 1_798_718_400),
-            Duration::from_secs(12 * 3600)
-        );
-    }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use portcullis_ratelimit::{Check, LimitKey, Limiter, Principal};
+use portcullis_ratelimit::{Check, Decision, LimitKey, Limiter, LimiterError, Policy, Principal};
 
 use crate::quota::{BucketUsage, Period, PeriodUsage, QuotaAdmin, QuotaError, TenantUsage};
 use crate::tenant::Directory;
@@ -87,11 +87,7 @@ impl QuotaAdmin for LimiterQuotaAdmin {
             });
             routes.push(Some(prefix.clone()));
         }
-        let verdict = self
-            .limiter
-            .peek(&checks)
-            .await
-            .map_err(|e| QuotaError::Store(e.to_string()))?;
+        let verdict = self.limiter.peek(&checks).await.map_err(store_error)?;
         let buckets = verdict
             .decisions()
             .iter()
@@ -104,34 +100,94 @@ impl QuotaAdmin for LimiterQuotaAdmin {
                 reset_after_secs: decision.reset_after_secs(),
             })
             .collect();
+        let period_checks: Vec<(Period, Check)> = t
+            .period_policies
+            .iter()
+            .map(|(period, policy)| (*period, period_check(&t.id, *period, policy)))
+            .collect();
+        let mut periods = Vec::new();
+        if !period_checks.is_empty() {
+            let just_checks: Vec<Check> = period_checks.iter().map(|(_, c)| c.clone()).collect();
+            let verdict = self.limiter.peek(&just_checks).await.map_err(store_error)?;
+            for ((period, _), decision) in period_checks.iter().zip(verdict.decisions()) {
+                periods.push(period_usage(*period, decision));
+            }
+        }
         Ok(TenantUsage {
             tenant: tenant.to_owned(),
             buckets,
-            periods: Vec::new(),
+            periods,
             rejected_total: self.rejections.get(tenant),
         })
     }
 
     async fn reset_period(&self, tenant: &str, period: Period) -> Result<PeriodUsage, QuotaError> {
-        self.period_quota(tenant, period)
+        let check = self.period_quota(tenant, period)?;
+        self.limiter
+            .reset(std::slice::from_ref(&check))
+            .await
+            .map_err(store_error)?;
+        let verdict = self
+            .limiter
+            .peek(std::slice::from_ref(&check))
+            .await
+            .map_err(store_error)?;
+        let decision = verdict
+            .decisions()
+            .first()
+            .ok_or_else(|| QuotaError::Store("empty decision".into()))?;
+        Ok(period_usage(period, decision))
     }
 
     async fn top_up(
         &self,
         tenant: &str,
         period: Period,
-        _amount: u64,
+        amount: u64,
     ) -> Result<PeriodUsage, QuotaError> {
-        self.period_quota(tenant, period)
+        let check = self.period_quota(tenant, period)?;
+        let decision = self
+            .limiter
+            .give_back(&check, amount)
+            .await
+            .map_err(store_error)?;
+        Ok(period_usage(period, &decision))
     }
 }
 
 impl LimiterQuotaAdmin {
-    fn period_quota(&self, tenant: &str, period: Period) -> Result<PeriodUsage, QuotaError> {
-        if self.directory.snapshot().by_id(tenant).is_none() {
-            return Err(QuotaError::UnknownTenant(tenant.to_owned()));
-        }
-        // Long-period quotas are enforced by the rate-limit decision (in progress).
-        Err(QuotaError::NoSuchQuota(period))
+    /// The check for `tenant`'s quota of `period`, if the tenant exists and has one.
+    fn period_quota(&self, tenant: &str, period: Period) -> Result<Check, QuotaError> {
+        let snapshot = self.directory.snapshot();
+        let t = snapshot
+            .by_id(tenant)
+            .ok_or_else(|| QuotaError::UnknownTenant(tenant.to_owned()))?;
+        t.period_policies
+            .iter()
+            .find(|(p, _)| *p == period)
+            .map(|(_, policy)| period_check(&t.id, period, policy))
+            .ok_or(QuotaError::NoSuchQuota(period))
     }
+}
+
+/// The same key the request path charges (see `ratelimit::extractor`).
+fn period_check(tenant: &str, period: Period, policy: &Arc<Policy>) -> Check {
+    Check {
+        key: LimitKey::period(Principal::Tenant(tenant), period),
+        policy: policy.clone(),
+        cost: 1,
+    }
+}
+
+fn period_usage(period: Period, decision: &Decision) -> PeriodUsage {
+    PeriodUsage {
+        period,
+        limit: decision.limit,
+        used: decision.limit.saturating_sub(decision.remaining),
+        resets_in_secs: decision.reset_after_secs(),
+    }
+}
+
+fn store_error(err: LimiterError) -> QuotaError {
+    QuotaError::Store(err.to_string())
 }

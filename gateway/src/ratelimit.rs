@@ -5,6 +5,8 @@
 //! - the caller: the tenant's bucket, or the anonymous per-IP bucket;
 //! - the route's own limit for that caller (the tenant's override for the route, else the
 //!   route's `limit`), when there is one;
+//! - the tenant's daily and monthly request quotas (UTC calendar windows), when set;
+//! - the tenant's daily and monthly request quotas (UTC calendar windows), when set;
 //! - the global ceiling.
 //!
 //! Every policy is charged the route's `cost`.
@@ -89,6 +91,13 @@ pub fn extractor(
                 if let Some(policy) = tenant.route_policies.get(prefix).or(route_default) {
                     request.push(
                         LimitKey::route(Principal::Tenant(&tenant.id), prefix),
+                        policy.clone(),
+                        cost,
+                    );
+                }
+                for (period, policy) in &tenant.period_policies {
+                    request.push(
+                        LimitKey::period(Principal::Tenant(&tenant.id), *period),
                         policy.clone(),
                         cost,
                     );

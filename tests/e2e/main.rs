@@ -36,3 +36,7 @@ mod chaos_stores;
 mod chaos_dedupe;
 // scripts/cluster: 3 replicas + Redis + PostgreSQL + demo upstream as local processes.
 mod cluster_script;
+// Admin API: tenants/keys/quotas CRUD, auth, audit log, revocation and quota changes reaching replicas within 1 s, CLI.
+mod admin_api;
+// Daily/monthly quotas: enforced until UTC midnight, reset and top-up via the admin API.
+mod quota_periods;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use portcullis_ratelimit::Policy;
+use portcullis_ratelimit::{Period, Policy};
 
 use crate::config::Bucket;
 use crate::db::{Database, DbError};
@@ -36,6 +36,8 @@ pub struct Tenant {
     pub policy: Option<Arc<Policy>>,
     /// The per-route overrides as policies, by route prefix.
     pub route_policies: HashMap<String, Arc<Policy>>,
+    /// The daily and monthly request quotas as calendar policies.
+    pub period_policies: Vec<(Period, Arc<Policy>)>,
 }
 
 // === impl Tenant ===
@@ -55,6 +57,19 @@ impl Tenant {
             .iter()
             .filter_map(|(prefix, b)| Some((prefix.clone(), build_policy("route", b, id)?)))
             .collect();
+        let period_policies = [(Period::Day, "daily_quota", daily_quota), (Period::Month, "monthly_quota", monthly_quota)]
+            .into_iter()
+            .filter_map(|(period, name, quota)| {
+                let policy = match Policy::calendar(name, quota?, period) {
+                    Ok(policy) => policy,
+                    Err(err) => {
+                        tracing::warn!(tenant = id, policy = name, %err, "invalid stored quota ignored");
+                        return None;
+                    }
+                };
+                Some((period, Arc::new(policy)))
+            })
+            .collect();
         Self {
             id: Arc::from(id),
             bucket,
@@ -64,6 +79,7 @@ impl Tenant {
             disabled,
             policy,
             route_policies,
+            period_policies,
         }
     }
 }
@@ -165,41 +181,67 @@ impl Directory {
         db.load_snapshot().await
     }
 
-    /// Polls the database's configuration version and reloads on change, until `stop`
-    /// resolves. A database outage keeps the last snapshot serving (logged, retried).
+    /// Keeps the snapshot fresh until `stop` resolves: reloads when the database's
+    /// configuration version changes, checked every [`REFRESH_INTERVAL`] and, on PostgreSQL,
+    /// at once when a change notification arrives ([`super::notify`]). A database outage
+    /// keeps the last snapshot serving (logged, retried).
     pub async fn keep_fresh(
         self: Arc<Self>,
         db: Database,
         stop: impl std::future::Future<Output = ()>,
     ) {
-        tokio::pin!(stop);
-        let mut ticker = tokio::time::interval(REFRESH_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                () = &mut stop => return,
-            }
-            let known = self.current.load().version;
-            match db.config_version().await {
-                Ok(version) if version == known => {}
-                Ok(_) => match db.load_snapshot().await {
-                    Ok(snapshot) => {
-                        tracing::info!(
-                            version = snapshot.version,
-                            tenants = snapshot.len(),
-                            "tenant directory reloaded"
-                        );
-                        self.replace(snapshot);
-                    }
+        let wake = tokio::sync::Notify::new();
+        let notifications = async {
+            super::notify::forward_changes(&db, &wake).await;
+            // Only a closed pool ends the listener; polling goes on regardless.
+            std::future::pending::<()>().await
+        };
+        let refresh = async {
+            let mut ticker = tokio::time::interval(REFRESH_INTERVAL);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                // Both branches are cancel-safe; a notification arriving during a reload
+                // leaves a permit in `wake`, so it is never lost.
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = wake.notified() => {}
+                }
+                let known = self.current.load().version;
+                match db.config_version().await {
+                    Ok(version) if version == known => {}
+                    Ok(_) => match db.load_snapshot().await {
+                        Ok(snapshot) => {
+                            tracing::info!(
+                                version = snapshot.version,
+                                tenants = snapshot.len(),
+                                "tenant directory reloaded"
+                            );
+                            // The admin API may have installed a newer snapshot meanwhile
+                            // (it reloads after each change); never go back to an older one.
+                            let fresh = Arc::new(snapshot);
+                            self.current.rcu(|current| {
+                                if current.version > fresh.version {
+                                    Arc::clone(current)
+                                } else {
+                                    Arc::clone(&fresh)
+                                }
+                            });
+                        }
+                        Err(err) => {
+                            tracing::warn!(%err, "tenant directory reload failed; serving the previous snapshot")
+                        }
+                    },
                     Err(err) => {
-                        tracing::warn!(%err, "tenant directory reload failed; serving the previous snapshot")
+                        tracing::warn!(%err, "tenant directory version check failed; serving the previous snapshot")
                     }
-                },
-                Err(err) => {
-                    tracing::warn!(%err, "tenant directory version check failed; serving the previous snapshot")
                 }
             }
+        };
+        // The listener and the poll run in this one task, so neither outlives `stop`.
+        tokio::select! {
+            () = stop => {}
+            () = notifications => {}
+            () = refresh => {}
         }
     }
 }

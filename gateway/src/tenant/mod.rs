@@ -12,6 +12,7 @@
 //! untouched, so backends can keep their own bearer tokens.
 
 mod directory;
+pub mod notify;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

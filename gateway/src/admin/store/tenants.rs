@@ -1,0 +1,254 @@
+//! Tenants: create, list, get, update (including quotas and disabling), delete.
+
+use std::time::Duration;
+
+use super::{
+    finish, millis, page_fetch, paginate, per_text, to_i64, to_json, to_u64, AdminStore, Limits,
+    NewTenant, Page, RouteQuotaView, TenantPatch, TenantView,
+};
+use crate::admin::error::AdminError;
+use crate::admin::sql::{is_unique_violation, Arg, Tx};
+use crate::admin::validate;
+
+/// `(id, name, disabled, rate, per_ms, burst, daily, monthly, created_at, updated_at)`.
+type TenantRow = (
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    String,
+    String,
+);
+/// `(tenant_id, route_prefix, rate, per_ms, burst)`.
+type RouteRow = (String, String, i64, i64, i64);
+
+fn tenant_select(tx: &Tx) -> String {
+    format!(
+        "SELECT id, name, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
+         CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), \
+         CAST(monthly_quota AS BIGINT), {}, {} FROM tenants",
+        tx.ts("created_at"),
+        tx.ts("updated_at")
+    )
+}
+
+const ROUTES_SELECT: &str = "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), \
+     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT) FROM route_quotas";
+
+fn view(row: TenantRow, routes: &[RouteRow]) -> TenantView {
+    let (id, name, disabled, rate, per_ms, burst, daily, monthly, created_at, updated_at) = row;
+    let route_quotas = routes
+        .iter()
+        .filter(|r| r.0 == id)
+        .map(|r| RouteQuotaView {
+            route: r.1.clone(),
+            rate: to_u64(r.2),
+            per: per_text(r.3),
+            burst: to_u64(r.4),
+        })
+        .collect();
+    TenantView {
+        id,
+        name,
+        disabled: disabled != 0,
+        rate: to_u64(rate),
+        per: per_text(per_ms),
+        burst: to_u64(burst),
+        daily_quota: daily.map(to_u64),
+        monthly_quota: monthly.map(to_u64),
+        route_quotas,
+        created_at,
+        updated_at,
+    }
+}
+
+/// Reads one tenant with its route overrides inside `tx`.
+pub(super) async fn load(tx: &mut Tx, id: &str) -> Result<Option<TenantView>, AdminError> {
+    let sql = format!("{} WHERE id = $1", tenant_select(tx));
+    let Some(row) = tx
+        .fetch_optional::<TenantRow>(&sql, vec![Arg::Text(id.to_owned())])
+        .await?
+    else {
+        return Ok(None);
+    };
+    let routes: Vec<RouteRow> = tx
+        .fetch_all(
+            &format!("{ROUTES_SELECT} WHERE tenant_id = $1 ORDER BY route_prefix"),
+            vec![Arg::Text(id.to_owned())],
+        )
+        .await?;
+    Ok(Some(view(row, &routes)))
+}
+
+/// Reads one tenant or fails with 404.
+pub(super) async fn load_existing(tx: &mut Tx, id: &str) -> Result<TenantView, AdminError> {
+    load(tx, id).await?.ok_or_else(|| AdminError::no_tenant(id))
+}
+
+// === impl AdminStore ===
+
+impl AdminStore {
+    /// Creates a tenant; 409 when the id is taken.
+    pub async fn create_tenant(
+        &self,
+        actor: &str,
+        new: &NewTenant,
+    ) -> Result<TenantView, AdminError> {
+        self.check_limits(&new.limits)?;
+        let mut tx = Tx::begin_change(&self.db).await?;
+        if load(&mut tx, &new.id).await?.is_some() {
+            return Err(duplicate(&new.id));
+        }
+        let l = &new.limits;
+        let inserted = tx
+            .execute(
+                "INSERT INTO tenants (id, name, rate, per_ms, burst, daily_quota, monthly_quota) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                vec![
+                    Arg::Text(new.id.clone()),
+                    Arg::Text(new.name.clone()),
+                    Arg::I64(to_i64(l.rate)),
+                    Arg::I64(millis(l.per)),
+                    Arg::I64(to_i64(l.burst)),
+                    Arg::OptI64(l.daily_quota.map(to_i64)),
+                    Arg::OptI64(l.monthly_quota.map(to_i64)),
+                ],
+            )
+            .await;
+        match inserted {
+            Err(err) if is_unique_violation(&err) => return Err(duplicate(&new.id)),
+            other => other?,
+        };
+        let after = load_existing(&mut tx, &new.id).await?;
+        finish(tx, actor, "tenant.create", &new.id, None, to_json(&after)).await?;
+        Ok(after)
+    }
+
+    /// One page of tenants in id order.
+    pub async fn list_tenants(
+        &self,
+        limit: u64,
+        cursor: Option<&str>,
+    ) -> Result<Page<TenantView>, AdminError> {
+        let mut tx = Tx::begin(&self.db).await?;
+        let mut sql = tenant_select(&tx);
+        let mut args = Vec::new();
+        if let Some(cursor) = cursor {
+            args.push(Arg::Text(cursor.to_owned()));
+            sql.push_str(" WHERE id > $1");
+        }
+        args.push(Arg::I64(page_fetch(limit)));
+        sql.push_str(&format!(" ORDER BY id LIMIT ${}", args.len()));
+        let rows: Vec<TenantRow> = tx.fetch_all(&sql, args).await?;
+        // Overrides of the page's tenants: ids are ordered, so one range query covers them.
+        let routes: Vec<RouteRow> = match (rows.first(), rows.last()) {
+            (Some(first), Some(last)) => {
+                tx.fetch_all(
+                    &format!("{ROUTES_SELECT} WHERE tenant_id >= $1 AND tenant_id <= $2 ORDER BY route_prefix"),
+                    vec![Arg::Text(first.0.clone()), Arg::Text(last.0.clone())],
+                )
+                .await?
+            }
+            _ => Vec::new(),
+        };
+        let items = rows.into_iter().map(|row| view(row, &routes)).collect();
+        Ok(paginate(items, limit, |t: &TenantView| t.id.clone()))
+    }
+
+    /// One tenant.
+    pub async fn get_tenant(&self, id: &str) -> Result<TenantView, AdminError> {
+        let mut tx = Tx::begin(&self.db).await?;
+        load_existing(&mut tx, id).await
+    }
+
+    /// Applies a partial update, audited as `action`. A patch that changes nothing writes
+    /// nothing (no audit row, no reload on the replicas).
+    pub async fn update_tenant(
+        &self,
+        actor: &str,
+        action: &str,
+        id: &str,
+        patch: &TenantPatch,
+    ) -> Result<TenantView, AdminError> {
+        let mut tx = Tx::begin_change(&self.db).await?;
+        let before = load_existing(&mut tx, id).await?;
+        let current_per = humantime::parse_duration(&before.per).unwrap_or(Duration::from_secs(1));
+        let limits = Limits {
+            rate: patch.rate.unwrap_or(before.rate),
+            per: patch.per.unwrap_or(current_per),
+            burst: patch.burst.unwrap_or(before.burst),
+            daily_quota: patch.daily_quota.unwrap_or(before.daily_quota),
+            monthly_quota: patch.monthly_quota.unwrap_or(before.monthly_quota),
+        };
+        self.check_limits(&limits)?;
+        let name = patch.name.clone().unwrap_or_else(|| before.name.clone());
+        let disabled = patch.disabled.unwrap_or(before.disabled);
+        let unchanged = name == before.name
+            && disabled == before.disabled
+            && limits.rate == before.rate
+            && limits.per == current_per
+            && limits.burst == before.burst
+            && limits.daily_quota == before.daily_quota
+            && limits.monthly_quota == before.monthly_quota;
+        if unchanged {
+            return Ok(before);
+        }
+        let sql = format!(
+            "UPDATE tenants SET name = $2, disabled = $3, rate = $4, per_ms = $5, burst = $6, \
+             daily_quota = $7, monthly_quota = $8, updated_at = {} WHERE id = $1",
+            tx.now()
+        );
+        tx.execute(
+            &sql,
+            vec![
+                Arg::Text(id.to_owned()),
+                Arg::Text(name),
+                Arg::Bool(disabled),
+                Arg::I64(to_i64(limits.rate)),
+                Arg::I64(millis(limits.per)),
+                Arg::I64(to_i64(limits.burst)),
+                Arg::OptI64(limits.daily_quota.map(to_i64)),
+                Arg::OptI64(limits.monthly_quota.map(to_i64)),
+            ],
+        )
+        .await?;
+        let after = load_existing(&mut tx, id).await?;
+        finish(tx, actor, action, id, to_json(&before), to_json(&after)).await?;
+        Ok(after)
+    }
+
+    /// Deletes a tenant with its keys and overrides (the audit log keeps its history).
+    pub async fn delete_tenant(&self, actor: &str, id: &str) -> Result<TenantView, AdminError> {
+        let mut tx = Tx::begin_change(&self.db).await?;
+        let before = load_existing(&mut tx, id).await?;
+        // Explicit deletes rather than relying on ON DELETE CASCADE, which SQLite applies
+        // only when the connection enabled foreign keys.
+        for sql in [
+            "DELETE FROM api_keys WHERE tenant_id = $1",
+            "DELETE FROM route_quotas WHERE tenant_id = $1",
+            "DELETE FROM tenants WHERE id = $1",
+        ] {
+            tx.execute(sql, vec![Arg::Text(id.to_owned())]).await?;
+        }
+        finish(tx, actor, "tenant.delete", id, to_json(&before), None).await?;
+        Ok(before)
+    }
+
+    /// Validates a tenant bucket against the limiter and the configured route costs.
+    fn check_limits(&self, limits: &Limits) -> Result<(), AdminError> {
+        let errors = validate::bucket(limits.rate, limits.per, limits.burst, self.max_cost());
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(AdminError::Invalid(errors))
+        }
+    }
+}
+
+fn duplicate(id: &str) -> AdminError {
+    AdminError::Conflict(format!("a tenant with id {id:?} already exists"))
+}

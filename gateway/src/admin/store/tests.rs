@@ -1,0 +1,497 @@
+//! Conformance suite of the admin store: one `async fn` per behaviour, each run against a
+//! SQLite file and a fresh database on a real PostgreSQL (`PORTCULLIS_TEST_DATABASE_URL`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::*;
+use crate::admin::sql::{Arg, Tx};
+use crate::config::DatabaseBackend;
+
+struct Fixture {
+    store: AdminStore,
+    db: Database,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn routes() -> Arc<[ConfiguredRoute]> {
+    Arc::from(vec![
+        ConfiguredRoute {
+            prefix: "/orders".into(),
+            cost: 2,
+        },
+        ConfiguredRoute {
+            prefix: "/".into(),
+            cost: 1,
+        },
+    ])
+}
+
+async fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::connect(&DatabaseBackend::Sqlite(dir.path().join("admin.db")))
+        .await
+        .unwrap();
+    Fixture {
+        store: AdminStore::new(db.clone(), routes()),
+        db,
+        _dir: Some(dir),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let url = portcullis_testkit::postgres::fresh_database().await;
+    let db = Database::connect(&DatabaseBackend::Postgres(url))
+        .await
+        .unwrap();
+    Fixture {
+        store: AdminStore::new(db.clone(), routes()),
+        db,
+        _dir: None,
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(#[tokio::test] async fn $name() { super::$name(super::sqlite().await).await; })*
+        }
+        mod postgres_backend {
+            $(#[tokio::test] async fn $name() { super::$name(super::postgres().await).await; })*
+        }
+    };
+}
+
+conformance!(
+    create_get_list_round_trip,
+    duplicate_id_conflicts_and_writes_nothing,
+    update_merges_and_audits_before_and_after,
+    unchanged_update_writes_nothing,
+    invalid_limits_write_nothing,
+    keys_are_stored_hashed_listed_by_prefix_and_revocable,
+    route_overrides_must_name_a_route_and_reach_the_snapshot,
+    delete_removes_keys_and_overrides_but_keeps_history,
+    pagination_visits_every_tenant_once,
+    audit_log_filters_by_tenant_and_pages_newest_first,
+);
+
+fn new_tenant(id: &str, rate: u64, burst: u64) -> NewTenant {
+    NewTenant {
+        id: id.into(),
+        name: format!("{id} inc"),
+        limits: Limits {
+            rate,
+            per: Duration::from_secs(1),
+            burst,
+            daily_quota: None,
+            monthly_quota: Some(1000),
+        },
+    }
+}
+
+async fn audit_count(f: &Fixture) -> usize {
+    f.store
+        .audit_log(None, MAX_PAGE, None)
+        .await
+        .unwrap()
+        .items
+        .len()
+}
+
+async fn create_get_list_round_trip(f: Fixture) {
+    let version = f.db.config_version().await.unwrap();
+    let created = f
+        .store
+        .create_tenant("tester", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        (created.rate, created.per.as_str(), created.burst),
+        (10, "1s", 20)
+    );
+    assert_eq!(
+        (created.daily_quota, created.monthly_quota),
+        (None, Some(1000))
+    );
+    assert!(created.created_at.ends_with('Z') && created.created_at.contains('T'));
+    assert_eq!(f.store.get_tenant("acme").await.unwrap(), created);
+    let page = f.store.list_tenants(10, None).await.unwrap();
+    assert_eq!(page.items, vec![created]);
+    assert_eq!(page.next_cursor, None);
+    assert!(matches!(
+        f.store.get_tenant("nope").await,
+        Err(AdminError::NotFound(_))
+    ));
+    assert!(
+        f.db.config_version().await.unwrap() > version,
+        "changes bump the version"
+    );
+    let snapshot = f.db.load_snapshot().await.unwrap();
+    assert_eq!(snapshot.by_id("acme").unwrap().bucket.burst, 20);
+}
+
+async fn duplicate_id_conflicts_and_writes_nothing(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let (version, audits) = (f.db.config_version().await.unwrap(), audit_count(&f).await);
+    let err = f
+        .store
+        .create_tenant("a", &new_tenant("acme", 1, 2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AdminError::Conflict(_)), "{err:?}");
+    assert_eq!(f.store.get_tenant("acme").await.unwrap().rate, 10);
+    assert_eq!(f.db.config_version().await.unwrap(), version);
+    assert_eq!(audit_count(&f).await, audits);
+}
+
+async fn update_merges_and_audits_before_and_after(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let patch = TenantPatch {
+        burst: Some(5),
+        per: Some(Duration::from_millis(1500)),
+        daily_quota: Some(Some(100)),
+        monthly_quota: Some(None),
+        ..TenantPatch::default()
+    };
+    let after = f
+        .store
+        .update_tenant("admin-token:alice", "quota.update", "acme", &patch)
+        .await
+        .unwrap();
+    assert_eq!((after.rate, after.burst), (10, 5), "rate kept, burst set");
+    assert_eq!(after.per, "1s 500ms");
+    assert_eq!((after.daily_quota, after.monthly_quota), (Some(100), None));
+    let entry = &f
+        .store
+        .audit_log(Some("acme"), 1, None)
+        .await
+        .unwrap()
+        .items[0];
+    assert_eq!(
+        (entry.actor.as_str(), entry.action.as_str()),
+        ("admin-token:alice", "quota.update")
+    );
+    assert_eq!(entry.before["burst"], 20);
+    assert_eq!(entry.after["burst"], 5);
+    assert_eq!(entry.before["monthly_quota"], 1000);
+    assert_eq!(entry.after["monthly_quota"], json!(null));
+    let disabled = f
+        .store
+        .update_tenant(
+            "a",
+            "tenant.disable",
+            "acme",
+            &TenantPatch {
+                disabled: Some(true),
+                ..TenantPatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(disabled.disabled);
+    assert!(
+        f.db.load_snapshot()
+            .await
+            .unwrap()
+            .by_id("acme")
+            .unwrap()
+            .disabled
+    );
+}
+
+async fn unchanged_update_writes_nothing(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let (version, audits) = (f.db.config_version().await.unwrap(), audit_count(&f).await);
+    let patch = TenantPatch {
+        burst: Some(20),
+        ..TenantPatch::default()
+    };
+    f.store
+        .update_tenant("a", "quota.update", "acme", &patch)
+        .await
+        .unwrap();
+    assert_eq!(f.db.config_version().await.unwrap(), version);
+    assert_eq!(audit_count(&f).await, audits);
+}
+
+async fn invalid_limits_write_nothing(f: Fixture) {
+    let err = f
+        .store
+        .create_tenant("a", &new_tenant("acme", 10, 1))
+        .await
+        .unwrap_err();
+    let AdminError::Invalid(errors) = err else {
+        panic!("expected 422, got {err:?}")
+    };
+    assert_eq!(errors[0].field, "burst", "below the /orders cost of 2");
+    assert!(matches!(
+        f.store.get_tenant("acme").await,
+        Err(AdminError::NotFound(_))
+    ));
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let patch = TenantPatch {
+        rate: Some(5_000_000),
+        ..TenantPatch::default()
+    };
+    let err = f
+        .store
+        .update_tenant("a", "quota.update", "acme", &patch)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AdminError::Invalid(e) if e[0].field == "rate"),
+        "{err:?}"
+    );
+    assert_eq!(f.store.get_tenant("acme").await.unwrap().rate, 10);
+}
+
+async fn keys_are_stored_hashed_listed_by_prefix_and_revocable(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let issued = f.store.issue_key("a", "acme").await.unwrap();
+    assert!(issued.api_key.starts_with("pc_") && issued.api_key.len() == 35);
+    assert_eq!(issued.key.prefix, issued.api_key[..10]);
+    let hash: [u8; 32] = Sha256::digest(issued.api_key.as_bytes()).into();
+    let snapshot = f.db.load_snapshot().await.unwrap();
+    assert_eq!(&*snapshot.by_key_hash(&hash).unwrap().id, "acme");
+
+    let mut tx = Tx::begin(&f.db).await.unwrap();
+    let (stored, prefix): (Vec<u8>, String) = tx
+        .fetch_optional(
+            "SELECT key_hash, prefix FROM api_keys WHERE id = $1",
+            vec![Arg::I64(issued.key.id)],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    drop(tx);
+    assert_eq!(
+        (stored.as_slice(), prefix.as_str()),
+        (&hash[..], &issued.api_key[..10])
+    );
+    let audit =
+        serde_json::to_string(&f.store.audit_log(None, MAX_PAGE, None).await.unwrap().items)
+            .unwrap();
+    assert!(
+        !audit.contains(&issued.api_key),
+        "the audit log never holds the key"
+    );
+
+    let keys = f.store.list_keys("acme").await.unwrap();
+    assert_eq!(keys, vec![issued.key.clone()]);
+    let revoked = f
+        .store
+        .revoke_key("a", "acme", issued.key.id)
+        .await
+        .unwrap();
+    assert!(revoked.revoked_at.is_some());
+    assert!(f
+        .db
+        .load_snapshot()
+        .await
+        .unwrap()
+        .by_key_hash(&hash)
+        .is_none());
+    let audits = audit_count(&f).await;
+    let again = f
+        .store
+        .revoke_key("a", "acme", issued.key.id)
+        .await
+        .unwrap();
+    assert_eq!(again, revoked, "revoking twice changes nothing");
+    assert_eq!(audit_count(&f).await, audits);
+    assert!(matches!(
+        f.store.revoke_key("a", "other", issued.key.id).await,
+        Err(AdminError::NotFound(_))
+    ));
+    assert!(matches!(
+        f.store.issue_key("a", "nope").await,
+        Err(AdminError::NotFound(_))
+    ));
+}
+
+async fn route_overrides_must_name_a_route_and_reach_the_snapshot(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let quota = |route: &str, burst| RouteQuota {
+        route: route.into(),
+        rate: 5,
+        per: Duration::from_secs(1),
+        burst,
+    };
+    let err = f
+        .store
+        .put_route_quota("a", "acme", &quota("/nope", 5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AdminError::Invalid(e) if e[0].field == "route"),
+        "{err:?}"
+    );
+    let err = f
+        .store
+        .put_route_quota("a", "acme", &quota("/orders", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AdminError::Invalid(e) if e[0].field == "burst"),
+        "{err:?}"
+    );
+    f.store
+        .put_route_quota("a", "acme", &quota("/orders", 5))
+        .await
+        .unwrap();
+    let tenant = f
+        .store
+        .put_route_quota("a", "acme", &quota("/orders", 7))
+        .await
+        .unwrap();
+    assert_eq!(tenant.route_quotas.len(), 1, "set replaces");
+    assert_eq!(tenant.route_quotas[0].burst, 7);
+    let snapshot = f.db.load_snapshot().await.unwrap();
+    assert_eq!(
+        snapshot.by_id("acme").unwrap().route_limits["/orders"].burst,
+        7
+    );
+    let tenant = f
+        .store
+        .delete_route_quota("a", "acme", "/orders")
+        .await
+        .unwrap();
+    assert!(tenant.route_quotas.is_empty());
+    assert!(matches!(
+        f.store.delete_route_quota("a", "acme", "/orders").await,
+        Err(AdminError::NotFound(_))
+    ));
+}
+
+async fn delete_removes_keys_and_overrides_but_keeps_history(f: Fixture) {
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    let issued = f.store.issue_key("a", "acme").await.unwrap();
+    let route = RouteQuota {
+        route: "/".into(),
+        rate: 1,
+        per: Duration::from_secs(1),
+        burst: 1,
+    };
+    f.store.put_route_quota("a", "acme", &route).await.unwrap();
+    f.store.delete_tenant("a", "acme").await.unwrap();
+    assert!(matches!(
+        f.store.get_tenant("acme").await,
+        Err(AdminError::NotFound(_))
+    ));
+    let hash: [u8; 32] = Sha256::digest(issued.api_key.as_bytes()).into();
+    assert!(f
+        .db
+        .load_snapshot()
+        .await
+        .unwrap()
+        .by_key_hash(&hash)
+        .is_none());
+    // Re-creating the id starts clean: no key, no override.
+    f.store
+        .create_tenant("a", &new_tenant("acme", 10, 20))
+        .await
+        .unwrap();
+    assert!(f.store.list_keys("acme").await.unwrap().is_empty());
+    assert!(f
+        .store
+        .get_tenant("acme")
+        .await
+        .unwrap()
+        .route_quotas
+        .is_empty());
+    let actions: Vec<String> = f
+        .store
+        .audit_log(Some("acme"), MAX_PAGE, None)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "tenant.create",
+            "tenant.delete",
+            "route_quota.set",
+            "key.issue",
+            "tenant.create"
+        ]
+    );
+}
+
+async fn pagination_visits_every_tenant_once(f: Fixture) {
+    for i in 0..7 {
+        f.store
+            .create_tenant("a", &new_tenant(&format!("t{i}"), 10, 20))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = f.store.list_tenants(3, cursor.as_deref()).await.unwrap();
+        assert!(page.items.len() <= 3);
+        seen.extend(page.items.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["t0", "t1", "t2", "t3", "t4", "t5", "t6"]);
+}
+
+async fn audit_log_filters_by_tenant_and_pages_newest_first(f: Fixture) {
+    for id in ["a", "b"] {
+        f.store
+            .create_tenant("x", &new_tenant(id, 10, 20))
+            .await
+            .unwrap();
+        f.store.issue_key("x", id).await.unwrap();
+    }
+    f.store
+        .record("x", "period.reset", "a", None, Some(json!({"used": 0})))
+        .await
+        .unwrap();
+    let first = f.store.audit_log(Some("a"), 2, None).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    assert_eq!(first.items[0].action, "period.reset");
+    assert_eq!(first.items[0].after, json!({"used": 0}));
+    let cursor: i64 = first.next_cursor.as_deref().unwrap().parse().unwrap();
+    let rest = f.store.audit_log(Some("a"), 2, Some(cursor)).await.unwrap();
+    assert_eq!(rest.items.len(), 1);
+    assert_eq!(rest.items[0].action, "tenant.create");
+    assert_eq!(rest.items[0].before, json!(null));
+    assert_eq!(rest.next_cursor, None);
+    assert!(first.items[0].id > first.items[1].id && first.items[1].id > rest.items[0].id);
+    assert!(first
+        .items
+        .iter()
+        .chain(&rest.items)
+        .all(|e| e.tenant.as_deref() == Some("a")));
+    assert_eq!(audit_count(&f).await, 5);
+}

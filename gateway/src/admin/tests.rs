@@ -1,0 +1,306 @@
+//! The admin router as a service (no sockets): authentication, problem shapes, routing of
+//! every documented operation, and the mapping of quota errors.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::body::Body;
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::*;
+use crate::config::DatabaseBackend;
+use crate::quota::{Period, PeriodUsage, QuotaError, TenantUsage};
+use crate::tenant::Snapshot;
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Reset fails like a tenant without the quota; top-up succeeds; usage is empty.
+struct FakeQuota;
+
+#[async_trait]
+impl QuotaAdmin for FakeQuota {
+    async fn usage(&self, tenant: &str) -> Result<TenantUsage, QuotaError> {
+        Ok(TenantUsage {
+            tenant: tenant.into(),
+            buckets: Vec::new(),
+            periods: Vec::new(),
+            rejected_total: 0,
+        })
+    }
+    async fn reset_period(&self, _: &str, period: Period) -> Result<PeriodUsage, QuotaError> {
+        Err(QuotaError::NoSuchQuota(period))
+    }
+    async fn top_up(&self, _: &str, period: Period, _: u64) -> Result<PeriodUsage, QuotaError> {
+        Err(QuotaError::Store(format!("{period:?}: connection refused")))
+    }
+}
+
+async fn app() -> (Router, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::connect(&DatabaseBackend::Sqlite(dir.path().join("a.db")))
+        .await
+        .unwrap();
+    let ctx = AdminContext {
+        db,
+        directory: Arc::new(Directory::new(Snapshot::default())),
+        quota: Arc::new(FakeQuota),
+        idempotency: Arc::new(portcullis_idempotency::MemoryStore::new(1 << 20)),
+        token: Secret::new(TOKEN),
+        routes: Arc::from(vec![ConfiguredRoute {
+            prefix: "/".into(),
+            cost: 1,
+        }]),
+    };
+    (router(ctx), dir)
+}
+
+async fn call(app: &Router, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    send(app, request).await
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Value) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let is_error = status.is_client_error() || status.is_server_error();
+    let content_type = response.headers().get("content-type").cloned();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    if is_error {
+        assert_eq!(
+            content_type.as_ref().and_then(|v| v.to_str().ok()),
+            Some(CONTENT_TYPE),
+            "{status}: every admin error is problem+json"
+        );
+    }
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn requests_without_the_right_token_get_401() {
+    let (app, _dir) = app().await;
+    for auth in [
+        None,
+        Some("Bearer wrong-token-of-some-length"),
+        Some("Basic dGVzdA=="),
+    ] {
+        let mut request = Request::get("/admin/v1/tenants");
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401, "{auth:?}");
+        assert!(response.headers().contains_key("www-authenticate"));
+    }
+    // Unknown admin paths do not reveal themselves before authentication either.
+    let response = app
+        .clone()
+        .oneshot(Request::get("/admin/v1/nope").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let (status, body) = call(&app, Method::GET, "/admin/v1/nope", None).await;
+    assert_eq!(status, 404);
+    assert!(body["detail"].as_str().unwrap().contains("openapi.json"));
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_routed() {
+    let (app, _dir) = app().await;
+    let document = openapi::document();
+    assert_eq!(document["openapi"], "3.1.0");
+    let paths = document["paths"].as_object().unwrap();
+    assert!(paths.len() >= 14);
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys() {
+            let mut uri = path
+                .replace("{id}", "acme")
+                .replace("{key_id}", "1")
+                .replace("{period}", "day");
+            let needs = |p: &str| {
+                item[method]["parameters"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|x| x["$ref"].as_str().unwrap().ends_with(p)))
+            };
+            if needs("/Route") {
+                uri.push_str("?route=/&key=k1");
+            }
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (status, body) = call(&app, method.clone(), &uri, Some(json!({}))).await;
+            assert_ne!(status, 405, "{method} {uri}");
+            let unrouted = body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("no admin endpoint"));
+            assert!(!unrouted, "{method} {uri} is documented but not routed");
+        }
+    }
+}
+
+#[tokio::test]
+async fn invalid_input_is_422_naming_every_field() {
+    let (app, _dir) = app().await;
+    let body = json!({"id": "bad id!", "rate": 0, "per": "soon", "burst": "5", "colour": "red"});
+    let (status, problem) = call(&app, Method::POST, "/admin/v1/tenants", Some(body)).await;
+    assert_eq!(status, 422);
+    let fields: Vec<&str> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["id", "rate", "per", "burst", "colour"]);
+    assert_eq!(problem["errors"][1]["reason"], "must be ≥ 1");
+
+    let request = Request::post("/admin/v1/tenants")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::from("{\"id\": "))
+        .unwrap();
+    let (status, problem) = send(&app, request).await;
+    assert_eq!(status, 422);
+    assert_eq!(problem["errors"][0]["field"], "body");
+
+    let (status, problem) = call(&app, Method::GET, "/admin/v1/tenants?limit=0&x=1", None).await;
+    assert_eq!(status, 422);
+    assert_eq!(problem["errors"][0]["field"], "limit");
+    assert_eq!(problem["errors"][1]["field"], "x");
+    // Nothing was written.
+    let (_, page) = call(&app, Method::GET, "/admin/v1/tenants", None).await;
+    assert_eq!(page["items"], json!([]));
+}
+
+#[tokio::test]
+async fn framework_rejections_become_problems() {
+    let (app, _dir) = app().await;
+    let (status, problem) = call(&app, Method::PUT, "/admin/v1/tenants", None).await;
+    assert_eq!(status, 405);
+    assert!(problem["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("method-not-allowed"));
+    let request = Request::put("/admin/v1/tenants")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let allow = response.headers()["allow"].to_str().unwrap();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+}
+
+#[tokio::test]
+async fn quota_errors_map_to_404_409_503() {
+    let (app, _dir) = app().await;
+    let (status, _) = call(
+        &app,
+        Method::POST,
+        "/admin/v1/tenants/acme/periods/day/reset",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "unknown tenant");
+    let tenant = json!({"id": "acme", "rate": 10, "burst": 10});
+    let (status, _) = call(&app, Method::POST, "/admin/v1/tenants", Some(tenant)).await;
+    assert_eq!(status, 201);
+    let (status, problem) = call(
+        &app,
+        Method::POST,
+        "/admin/v1/tenants/acme/periods/day/reset",
+        None,
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert!(problem["detail"].as_str().unwrap().contains("daily"));
+    let top_up = json!({"amount": 5});
+    let (status, problem) = call(
+        &app,
+        Method::POST,
+        "/admin/v1/tenants/acme/periods/month/top-up",
+        Some(top_up),
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert_eq!(problem["retry_after"], 1);
+    assert!(
+        !problem["detail"].as_str().unwrap().contains("refused"),
+        "no internals"
+    );
+    let (status, problem) = call(
+        &app,
+        Method::POST,
+        "/admin/v1/tenants/acme/periods/week/reset",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status.as_u16(), &problem["errors"][0]["field"]),
+        (422, &json!("period"))
+    );
+    let (status, usage) = call(&app, Method::GET, "/admin/v1/tenants/acme/usage", None).await;
+    assert_eq!((status.as_u16(), &usage["tenant"]), (200, &json!("acme")));
+}
+
+#[tokio::test]
+async fn idempotency_lookup_validates_and_misses_cleanly() {
+    let (app, _dir) = app().await;
+    let (status, problem) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/tenants/acme/idempotency?route=orders",
+        None,
+    )
+    .await;
+    assert_eq!(status, 422);
+    let fields: Vec<&str> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["key", "route"]);
+    let (status, _) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/tenants/acme/idempotency?route=/&key=k1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(
+        &app,
+        Method::DELETE,
+        "/admin/v1/tenants/acme/idempotency?route=/&key=k1",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn without_a_token_the_admin_paths_say_why() {
+    let app = disabled_router();
+    let (status, problem) = send(
+        &app,
+        Request::get("/admin/v1/tenants")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(problem["detail"]
+        .as_str()
+        .unwrap()
+        .contains("PORTCULLIS_ADMIN_TOKEN"));
+}
