@@ -1,7 +1,9 @@
 //! Prometheus metrics: one process-wide recorder, rendered at `/metrics` on the admin
 //! listener, and the layer that counts every request by route and status.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use metrics::SharedString;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -73,21 +75,17 @@ where
         let future = self.inner.call(request);
         async move {
             let response = future.await?;
-            let route: String = response
-                .extensions()
-                .get::<MatchedRoute>()
-                .map(|m| m.0.label.to_string())
-                .unwrap_or_else(|| "unmatched".to_owned());
             let status = response.status().as_u16();
             let elapsed = started.elapsed();
-            metrics::counter!("http_requests_total", "route" => route.clone(), "status" => status.to_string())
-                .increment(1);
-            metrics::histogram!("http_request_duration_seconds", "route" => route.clone())
-                .record(elapsed.as_secs_f64());
+            let metrics = match response.extensions().get::<MatchedRoute>() {
+                Some(matched) => &matched.0.metrics,
+                None => unmatched(),
+            };
+            metrics.record(status, elapsed);
             tracing::debug!(
                 target: "portcullis::access",
                 %method,
-                route,
+                route = &*metrics.label,
                 status,
                 latency_ms = elapsed.as_secs_f64() * 1000.0,
                 "request"
@@ -96,4 +94,50 @@ where
         }
         .boxed()
     }
+}
+
+/// Request metrics of one route, registered once: recording is then an atomic add, with no
+/// label formatting or registry lookup per request.
+#[derive(Debug)]
+pub struct RouteMetrics {
+    label: Arc<str>,
+    latency: metrics::Histogram,
+    /// One counter per status code 100..=599, registered on first use.
+    by_status: Box<[OnceLock<metrics::Counter>]>,
+}
+
+impl RouteMetrics {
+    /// Metrics labelled `route = label`.
+    pub fn new(label: Arc<str>) -> Self {
+        let latency = metrics::histogram!("http_request_duration_seconds", "route" => SharedString::from(label.clone()));
+        Self {
+            label,
+            latency,
+            by_status: (100..600).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Counts one answer with `status` that took `elapsed`.
+    pub fn record(&self, status: u16, elapsed: std::time::Duration) {
+        self.latency.record(elapsed.as_secs_f64());
+        let Some(slot) = usize::from(status)
+            .checked_sub(100)
+            .and_then(|i| self.by_status.get(i))
+        else {
+            return;
+        };
+        slot.get_or_init(|| {
+            metrics::counter!(
+                "http_requests_total",
+                "route" => SharedString::from(self.label.clone()),
+                "status" => status.to_string()
+            )
+        })
+        .increment(1);
+    }
+}
+
+fn unmatched() -> &'static RouteMetrics {
+    static UNMATCHED: OnceLock<RouteMetrics> = OnceLock::new();
+    UNMATCHED.get_or_init(|| RouteMetrics::new(Arc::from("unmatched")))
 }

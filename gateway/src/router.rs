@@ -12,6 +12,7 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::config::RouteSettings;
+use crate::metrics::RouteMetrics;
 use crate::problem::Problem;
 use crate::retry::{Dependency, RetryTarget};
 
@@ -26,6 +27,8 @@ pub struct Route {
     pub label: Arc<str>,
     /// What the retry layer needs: the route's policy and its upstream's shared state.
     pub retry: RetryTarget,
+    /// Request counters and latency, registered once.
+    pub metrics: RouteMetrics,
 }
 
 /// The route a request matched; in request extensions from here on, and in response
@@ -50,9 +53,11 @@ impl RouteTable {
             .enumerate()
             .filter_map(|(index, settings)| {
                 let dependency = dependencies.get(settings.upstream)?.clone();
+                let label: Arc<str> = Arc::from(settings.prefix.as_str());
                 Some(Arc::new(Route {
                     index,
-                    label: Arc::from(settings.prefix.as_str()),
+                    metrics: RouteMetrics::new(label.clone()),
+                    label,
                     retry: RetryTarget {
                         policy: settings.retry.clone(),
                         dependency,
