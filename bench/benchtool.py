@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Helpers for bench/run.sh (standard library only).
+
+Subcommands:
+  parse-wrk FILE                      -> "rps p50_us p99_us requests non2xx errors" (one TSV line)
+  segs SSFILE                         -> "peer<TAB>data_segs_in" per established socket
+  delta-cmdstats BEFORE AFTER N       -> markdown cells: Redis commands per request
+  delta-segs BEFORE AFTER N           -> data segments received by the store per request
+  strace-summary FILE N               -> syscalls per request and the top five (strace -c output)
+  openloop --url U --control C ...    -> constant-rate (open-loop) client for the retry
+                                         amplification scenario; prints one JSON line
+  summarize OUTDIR                    -> the markdown report of a run
+"""
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from urllib.parse import urlsplit
+
+# ---------------------------------------------------------------------------- wrk output
+
+
+def _to_us(text):
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", text.strip())
+    if not m:
+        return float("nan")
+    v, unit = float(m.group(1)), m.group(2)
+    return v * {"us": 1, "ms": 1e3, "s": 1e6, "m": 60e6}[unit]
+
+
+def parse_wrk(path):
+    rps = p50 = p99 = float("nan")
+    requests = non2xx = errors = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            s = line.strip()
+            if s.startswith("Requests/sec:"):
+                rps = float(s.split()[1])
+            elif re.match(r"^50%\s", s):
+                p50 = _to_us(s.split()[1])
+            elif re.match(r"^99%\s", s):
+                p99 = _to_us(s.split()[1])
+            elif re.match(r"^\d+ requests in", s):
+                requests = int(s.split()[0])
+            elif s.startswith("Non-2xx or 3xx responses:"):
+                non2xx = int(s.split(":")[1])
+            elif s.startswith("Socket errors:"):
+                errors = sum(int(x) for x in re.findall(r"\d+", s))
+    return rps, p50, p99, requests, non2xx, errors
+
+
+# ---------------------------------------------------------------------------- store counters
+
+
+def read_cmdstats(path):
+    stats = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line.strip())
+            if m:
+                stats[m.group(1)] = int(m.group(2))
+    return stats
+
+
+def read_segs(path):
+    """`ss -Htin` output -> {peer: data_segs_in}. Info lines follow their socket line."""
+    segs = {}
+    peer = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if not line[0].isspace():
+                fields = line.split()
+                # state recv-q send-q local peer  (state omitted when filtered by state)
+                peer = fields[-1] if len(fields) >= 4 else None
+                continue
+            m = re.search(r"data_segs_in:(\d+)", line)
+            if peer and m:
+                segs[peer] = int(m.group(1))
+    return segs
+
+
+def delta_segs(before, after, n):
+    b, a = read_segs(before), read_segs(after)
+    total = sum(v - b.get(k, 0) for k, v in a.items())
+    return total / n if n else float("nan"), total
+
+
+# ---------------------------------------------------------------------------- open-loop client
+
+
+async def _http_get(host, port, path, timeout):
+    """One GET on a fresh connection (Connection: close); returns (status, body)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+    return status, body
+
+
+async def _openloop(args):
+    loop = asyncio.get_running_loop()
+    u, c = urlsplit(args.url), urlsplit(args.control)
+    total = args.warmup + args.outage + args.after
+    n = int(total * args.rate)
+    results = []  # (sent, done, status)
+    events = {}
+
+    async def one(sent):
+        try:
+            status, _ = await _http_get(u.hostname, u.port, u.path or "/", args.timeout)
+        except Exception:  # noqa: BLE001 - any failure is "no answer"
+            status = 0
+        results.append((sent, loop.time(), status))
+
+    async def control(name, command):
+        status, body = await _http_get(c.hostname, c.port, f"{c.path}/{command}", 5)
+        if status != 200:
+            raise RuntimeError(f"control {command} answered {status}")
+        events[name] = (loop.time(), json.loads(body))
+
+    start = loop.time()
+    tasks = []
+    plan = [(args.warmup, "fail", "fail"), (args.warmup + args.outage, "ok", "ok")]
+    for i in range(n):
+        at = start + i / args.rate
+        while plan and start + plan[0][0] <= at:
+            when, name, command = plan.pop(0)
+            delay = start + when - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await control(name, command)
+        delay = at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(loop.time())))
+    for when, name, command in plan:  # only if the schedule ends before an event
+        await control(name, command)
+    await asyncio.wait(tasks, timeout=args.timeout + 5)
+    final = (await _http_get(c.hostname, c.port, f"{c.path}/stats", 5))[1]
+
+    t_fail, s_fail = events["fail"]
+    t_ok, s_ok = events["ok"]
+    pre = [r for r in results if r[0] < t_fail]
+    outage = [r for r in results if t_fail <= r[0] < t_ok]
+    post = [r for r in results if r[0] >= t_ok]
+    attempts = s_ok["hits"] - s_fail["hits"]
+    by_attempt = [a - b for a, b in zip(s_ok["attempts"], s_fail["attempts"])]
+    successes_after = sorted(r[1] for r in results if r[2] == 200 and r[1] >= t_ok)
+    first_success = successes_after[0] - t_ok if successes_after else None
+    # Full recovery: after this point every request sent after recovery succeeded.
+    bad_after = [r[1] for r in post if r[2] != 200]
+    full = (max(bad_after) - t_ok) if bad_after else 0.0
+    outage_lat = sorted(r[1] - r[0] for r in outage)
+
+    def pct(xs, p):
+        return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+    out = {
+        "label": args.label,
+        "rate": args.rate,
+        "requests_total": len(results),
+        "unfinished": n - len(results),
+        "pre_ok": sum(1 for r in pre if r[2] == 200),
+        "pre_total": len(pre),
+        "outage_requests": len(outage),
+        "outage_attempts": attempts,
+        "amplification": attempts / len(outage) if outage else None,
+        "outage_attempts_by_number": by_attempt,
+        "outage_client_statuses": dict(Counter(r[2] for r in outage)),
+        "outage_client_p50_s": pct(outage_lat, 0.5),
+        "outage_client_p99_s": pct(outage_lat, 0.99),
+        "first_success_after_recovery_s": first_success,
+        "all_ok_after_s": full,
+        "post_statuses": dict(Counter(r[2] for r in post)),
+        "backend_final": json.loads(final),
+    }
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _median(xs):
+    xs = [x for x in xs if x == x]  # drop NaN
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _fmt(x, spec):
+    if x is None or x != x:
+        return "–"
+    return format(x, spec)
+
+
+def _us(x):
+    if x != x:
+        return "–"
+    return f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.0f} µs"
+
+
+def summarize(outdir):
+    raw = os.path.join(outdir, "raw")
+    meta = {}
+    with open(os.path.join(raw, "meta.env"), encoding="utf-8") as f:
+        for line in f:
+            k, _, v = line.rstrip("\n").partition("=")
+            meta[k] = v
+    rows = []
+    with open(os.path.join(raw, "runs.tsv"), encoding="utf-8") as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t")
+            if len(p) < 10 or p[0] == "phase":
+                continue
+            rows.append(
+                dict(
+                    phase=p[0], round=int(p[1]), target=p[2], group=p[3], rps=float(p[4]),
+                    p50=float(p[5]), p99=float(p[6]), requests=int(p[7]), non2xx=int(p[8]),
+                    errors=int(p[9]),
+                )
+            )
+    ref = {"get": ("nginx", "direct"), "post": ("nginx-post", "direct-post")}
+    out = []
+    w = out.append
+    w(f"## Portcullis benchmark — {meta.get('date', '?')}\n")
+    w(
+        f"HEAD at run time `{meta.get('commit', '?')}`{' (+ uncommitted changes in the work tree)' if meta.get('dirty') == '1' else ''}, "
+        f"`portcullis` binary built {meta.get('binary_built', '?')}; "
+        f"{meta.get('cpu', '?')}, nproc {meta.get('nproc', '?')}; load generator `taskset -c "
+        f"{meta.get('client_cpu')}`, system under test `taskset -c {meta.get('sut_cpu')}`; "
+        f"Portcullis `worker_threads = 1`, nginx `worker_processes 1`, bench-upstream 1 thread.\n"
+    )
+
+    for phase, title, note in (
+        (
+            "tput",
+            "Throughput (closed loop)",
+            f"wrk -t1 -c{meta.get('conns')} -d{meta.get('duration')}s --latency, "
+            f"{meta.get('rounds')} rounds, targets rotated each round (order reversed on even rounds). "
+            "Values are medians over rounds; ratios are medians of same-round ratios. "
+            "Closed loop: p50 ≈ connections / throughput, so latency here mostly mirrors throughput.",
+        ),
+        (
+            "lat",
+            "Latency at equal offered load (paced)",
+            f"wrk -t1 -c{meta.get('lat_conns')} with a {meta.get('lat_delay_ms')} ms pause before each "
+            f"request on a connection (offered ≈ {int(meta.get('lat_conns', 0)) * 1000 // max(1, int(meta.get('lat_delay_ms', 1)))} req/s), "
+            f"{meta.get('lat_rounds')} rounds × {meta.get('lat_duration')} s. Not a true open loop "
+            "(no wrk2/oha here): a stalled connection stops offering load, so tails are understated.",
+        ),
+    ):
+        prow = [r for r in rows if r["phase"] == phase]
+        if not prow:
+            continue
+        w(f"\n### {title}\n\n{note}\n")
+        w("| target | req/s | p50 | p99 | × nginx (req/s) | × direct (req/s) | p99 × nginx | non-2xx / socket errors |")
+        w("|---|---:|---:|---:|---:|---:|---:|---:|")
+        targets = []
+        for r in prow:
+            if r["target"] not in targets:
+                targets.append(r["target"])
+        by = {(r["round"], r["target"]): r for r in prow}
+        rounds = sorted({r["round"] for r in prow})
+        for t in targets:
+            mine = [r for r in prow if r["target"] == t]
+            group = mine[0]["group"]
+            ngx, direct = ref[group]
+            rx_n = [by[(k, t)]["rps"] / by[(k, ngx)]["rps"] for k in rounds if (k, t) in by and (k, ngx) in by]
+            rx_d = [by[(k, t)]["rps"] / by[(k, direct)]["rps"] for k in rounds if (k, t) in by and (k, direct) in by]
+            px_n = [by[(k, t)]["p99"] / by[(k, ngx)]["p99"] for k in rounds if (k, t) in by and (k, ngx) in by]
+            bad = sum(r["non2xx"] for r in mine), sum(r["errors"] for r in mine)
+            w(
+                f"| {t} | {_median([r['rps'] for r in mine]):,.0f} | {_us(_median([r['p50'] for r in mine]))} | "
+                f"{_us(_median([r['p99'] for r in mine]))} | {_fmt(_median(rx_n), '.2f')} | {_fmt(_median(rx_d), '.2f')} | "
+                f"{_fmt(_median(px_n), '.2f')} | {bad[0]} / {bad[1]} |"
+            )
+        if phase == "tput":
+            keyed = [t for t in targets if t.startswith("pc-keyed")]
+            if keyed and "pc-unkeyed" in targets:
+                w("\nKeyed POST (unique `Idempotency-Key` per request, every request a first execution) "
+                  "vs unkeyed POST through the same route (same wrk script, an `X-Bench-Seq` header of the same size instead of the key):\n")
+                w("| target | × pc-unkeyed (median of same-round ratios) | min–max over rounds | goal |")
+                w("|---|---:|---:|---|")
+                for t in keyed:
+                    xs = [by[(k, t)]["rps"] / by[(k, "pc-unkeyed")]["rps"] for k in rounds if (k, t) in by and (k, "pc-unkeyed") in by]
+                    goal = "≥ 0.80 (issue 4)" if t == "pc-keyed-mem" else "(no goal; reported)"
+                    verdict = ""
+                    if t == "pc-keyed-mem" and xs:
+                        verdict = " — met" if _median(xs) >= 0.8 else " — **missed**"
+                    w(f"| {t} | {_median(xs):.2f} | {min(xs):.2f}–{max(xs):.2f} | {goal}{verdict} |")
+            if "pc-pass-je" in targets and "pc-pass" in targets:
+                xs = [by[(k, "pc-pass-je")]["rps"] / by[(k, "pc-pass")]["rps"] for k in rounds if (k, "pc-pass-je") in by and (k, "pc-pass") in by]
+                w(f"\nAllocator A/B: pc-pass-je (same binary, `LD_PRELOAD` jemalloc) / pc-pass (glibc malloc) = "
+                  f"{_median(xs):.2f} (median of same-round ratios, {min(xs):.2f}–{max(xs):.2f}).")
+            if "pc-pass" in targets and "nginx" in targets:
+                xs = [by[(k, "pc-pass")]["rps"] / by[(k, "nginx")]["rps"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
+                w(f"\nPass-through goal (issue 2): req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
+                  f"({'met' if _median(xs) >= 1.0 else '**missed**'}).")
+        if phase == "lat" and "pc-pass" in targets and "nginx" in targets:
+            xs = [by[(k, "pc-pass")]["p99"] / by[(k, "nginx")]["p99"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
+            w(f"\nPass-through goal (issue 2): p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "
+              f"({'met' if _median(xs) <= 1.2 else '**missed**'}).")
+
+    rss = os.path.join(raw, "rss.tsv")
+    if os.path.exists(rss):
+        w("\n### Peak memory (VmHWM at the end of the run)\n")
+        w("| process | what it served | VmHWM | VmRSS at end |")
+        w("|---|---|---:|---:|")
+        with open(rss, encoding="utf-8") as f:
+            for line in f:
+                name, what, hwm, cur = line.rstrip("\n").split("\t")
+                w(f"| {name} | {what} | {int(hwm) / 1024:.1f} MiB | {int(cur) / 1024:.1f} MiB |")
+
+        m = meta
+        try:
+            recs = int(m.get("keyed_mem_requests") or 0)
+            hwm = {}
+            with open(rss, encoding="utf-8") as f:
+                for line in f:
+                    name, _, h, _ = line.rstrip("\n").split("\t")
+                    hwm[name] = int(h) * 1024
+            base = hwm.get("portcullis gw-pass", 0)
+            grow = hwm.get("portcullis gw-mem", 0) - base
+            stored = float(m.get("mem_stored_bytes") or "nan")
+            w(
+                f"\nMemory idempotency store: {recs:,} keyed first executions went to gw-mem (all keys unique, "
+                f"kept 24 h); the store's own accounting (`idempotency_stored_bytes`) says {stored / 2**20:.1f} MiB "
+                f"(bound `memory_max_bytes` = 256 MiB), evictions {m.get('mem_evictions', '?')}; the process grew "
+                f"{grow / 2**20:.0f} MiB over the pass-through gateway's peak, i.e. ≈ {grow / max(recs, 1):,.0f} B of "
+                f"RSS per record vs ≈ {stored / max(recs, 1):,.0f} B accounted."
+            )
+            rk, rm = int(m.get("redis_keys") or 0), int(m.get("redis_used_memory") or 0)
+            if rk:
+                w(f"Redis: {rk:,} keys, used_memory {rm / 2**20:.1f} MiB (≈ {rm / rk:,.0f} B per key). "
+                  f"PostgreSQL: {m.get('pg_records', '?')} rows, table + indexes {int(m.get('pg_table_bytes') or 0) / 2**20:.1f} MiB.")
+        except (ValueError, OSError):
+            pass
+        w(f"\nLoad average (all processes on the machine, not only this benchmark): "
+          f"{m.get('loadavg_start', '?')} at the start, {m.get('loadavg_end', '?')} at the end.")
+
+    for frag in ("roundtrips.md", "amplification.md", "profile.md"):
+        p = os.path.join(outdir, frag)
+        if os.path.exists(p):
+            with open(p, encoding="utf-8") as f:
+                w("\n" + f.read().rstrip("\n"))
+    print("\n".join(out))
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "parse-wrk":
+        rps, p50, p99, req, non2xx, err = parse_wrk(args[0])
+        print(f"{rps:.1f}\t{p50:.1f}\t{p99:.1f}\t{req}\t{non2xx}\t{err}")
+    elif cmd == "delta-cmdstats":
+        b, a, n = read_cmdstats(args[0]), read_cmdstats(args[1]), int(args[2])
+        d = {k: a.get(k, 0) - b.get(k, 0) for k in a}
+        d = {k: v for k, v in d.items() if v > 0 and k != "info"}
+        evals = sum(v for k, v in d.items() if k in ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"))
+        detail = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+        print(f"{evals / n:.2f}\t{sum(d.values()) / n:.2f}\t{detail}")
+    elif cmd == "delta-segs":
+        per, total = delta_segs(args[0], args[1], int(args[2]))
+        print(f"{per:.2f}\t{total}")
+    elif cmd == "strace-summary":
+        calls = {}
+        with open(args[0], encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 5 and re.match(r"^[\d.]+$", fields[0]) and fields[3].isdigit():
+                    if fields[-1] != "total":
+                        calls[fields[-1]] = int(fields[3])
+        n = int(args[1])
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:5]
+        print(f"{sum(calls.values()) / n:.2f}\t" + ", ".join(f"{k} {v / n:.2f}" for k, v in top))
+    elif cmd == "openloop":
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="benchtool.py openloop")
+        ap.add_argument("--url", required=True)
+        ap.add_argument("--control", required=True, help="http://127.0.0.1:P/__bench")
+        ap.add_argument("--rate", type=float, default=200)
+        ap.add_argument("--warmup", type=float, default=5)
+        ap.add_argument("--outage", type=float, default=20)
+        ap.add_argument("--after", type=float, default=15)
+        ap.add_argument("--timeout", type=float, default=10)
+        ap.add_argument("--label", default="")
+        a = ap.parse_args(args)
+        if a.rate <= 0 or a.rate > 2000 or a.warmup + a.outage + a.after > 300:
+            sys.exit("openloop: rate must be in (0, 2000] and the schedule ≤ 300 s")
+        asyncio.run(_openloop(a))
+    elif cmd == "summarize":
+        summarize(args[0])
+    else:
+        print(__doc__)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

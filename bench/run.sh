@@ -1,0 +1,597 @@
+#!/usr/bin/env bash
+# Portcullis benchmark harness: Portcullis vs nginx vs the bare backend, on loopback, pinned.
+#
+# Usage:
+#   bench/run.sh [--no-build] [--quick] [--profile] [--no-amp] [--jemalloc]
+#
+#   --no-build   use the release binaries already in $CARGO_TARGET_DIR (default target-bench/)
+#   --quick      smoke run: 2 rounds x 2 s, short amplification scenario (numbers not citable)
+#   --profile    also measure CPU/request, syscalls/request (strace -c -f) and a perf profile
+#                of the pass-through gateway vs nginx (adds ~40 s)
+#   --no-amp     skip the retry-amplification scenario
+#   --jemalloc   add target pc-pass-je: the same pass-through gateway binary with
+#                LD_PRELOAD=libjemalloc.so.2 (an allocator A/B without changing code)
+#
+# Environment overrides (defaults in brackets): ROUNDS [5], DURATION [5] (s per target and
+# round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3], LAT_CONNS [20], LAT_DELAY_MS [10],
+# RT_N [200] (keyed requests for the round-trip count), AMP_RATE [200] (req/s),
+# AMP_OUTAGE [20] (s), CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench].
+#
+# Needs: wrk, nginx, redis-server + redis-cli, PostgreSQL server binaries
+# (/usr/lib/postgresql/*/bin, with pg_stat_statements), python3, curl, ss, taskset; perf and
+# strace for --profile. Run as root (PostgreSQL is started as user postgres via runuser).
+#
+# What it does (all on 127.0.0.1, every process started here is stopped by PID on exit):
+#   1. builds `portcullis` and `bench-upstream` (cargo build --release) unless --no-build;
+#   2. starts bench-upstream (1 thread), nginx (copy of ../shared/bench/nginx.conf with ports
+#      moved, proxy_pass with upstream keep-alive + the limit_req server), redis-server,
+#      PostgreSQL (initdb in a temp dir, trust auth), and four Portcullis processes
+#      (worker_threads = 1): pass-through; idempotency in memory; in Redis; in PostgreSQL;
+#      everything under test on CPU $SUT_CPU, wrk / the client on CPU $CLIENT_CPU;
+#   3. throughput: ROUNDS rounds, every target once per round (order reversed on even rounds),
+#      wrk -t1 -cCONNS -dDURATION --latency, same Lua script (bench/wrk/bench.lua) for all;
+#   4. latency at equal offered load: wrk paced by a per-connection delay;
+#   5. peak RSS (VmHWM) of every process;
+#   6. store round trips per keyed request: RT_N first executions then RT_N replays over one
+#      keep-alive connection; Redis INFO commandstats deltas, pg_stat_statements calls, and
+#      data segments the store received (ss -i data_segs_in) for both;
+#   7. (--profile) CPU µs/request from /proc/PID/stat, syscalls/request with strace -c -f,
+#      perf record of the gateway;
+#   8. retry amplification: the backend answers 503 to everything for AMP_OUTAGE s under a
+#      constant AMP_RATE req/s open-loop GET load, then recovers; shipped defaults vs naive;
+#   9. writes the markdown report to stdout and bench/results/latest.md (raw data in
+#      bench/results/<timestamp>/).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH=$ROOT/bench
+SHARED_NGINX=${SHARED_NGINX:-$ROOT/../shared/bench/nginx.conf}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-bench}
+BIN=$CARGO_TARGET_DIR/release
+
+BUILD=1 PROFILE=0 AMP=1 QUICK=0 JEMALLOC=0
+for arg in "$@"; do
+    case $arg in
+        --no-build) BUILD=0 ;;
+        --profile) PROFILE=1 ;;
+        --no-amp) AMP=0 ;;
+        --quick) QUICK=1 ;;
+        --jemalloc) JEMALLOC=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+if [[ $QUICK == 1 ]]; then
+    : "${ROUNDS:=2}" "${DURATION:=2}" "${LAT_ROUNDS:=1}" "${LAT_DURATION:=2}" "${RT_N:=50}"
+    : "${AMP_OUTAGE:=8}" "${AMP_WARMUP:=2}" "${AMP_AFTER:=12}"
+fi
+ROUNDS=${ROUNDS:-5} DURATION=${DURATION:-5} CONNS=${CONNS:-64}
+LAT_ROUNDS=${LAT_ROUNDS:-3} LAT_DURATION=${LAT_DURATION:-3} LAT_CONNS=${LAT_CONNS:-20} LAT_DELAY_MS=${LAT_DELAY_MS:-10}
+RT_N=${RT_N:-200}
+AMP_RATE=${AMP_RATE:-200} AMP_WARMUP=${AMP_WARMUP:-5} AMP_OUTAGE=${AMP_OUTAGE:-20} AMP_AFTER=${AMP_AFTER:-15}
+CLIENT_CPU=${CLIENT_CPU:-0} SUT_CPU=${SUT_CPU:-1}
+for v in ROUNDS DURATION CONNS LAT_ROUNDS LAT_DURATION LAT_CONNS LAT_DELAY_MS RT_N AMP_RATE AMP_OUTAGE; do
+    [[ ${!v} =~ ^[0-9]+$ ]] && ((${!v} > 0 && ${!v} <= 100000)) || { echo "$v=${!v}: want a positive integer" >&2; exit 2; }
+done
+((ROUNDS <= 50 && DURATION <= 60 && LAT_ROUNDS <= 20 && LAT_DURATION <= 60 && AMP_OUTAGE <= 120)) || { echo "rounds/durations too large" >&2; exit 2; }
+
+for tool in wrk nginx redis-server redis-cli python3 curl ss taskset runuser; do
+    command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
+done
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+[[ -n $PGBIN && -x $PGBIN/initdb ]] || { echo "missing PostgreSQL server binaries (/usr/lib/postgresql/*/bin)" >&2; exit 1; }
+[[ -f $SHARED_NGINX ]] || { echo "missing $SHARED_NGINX" >&2; exit 1; }
+
+log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# --------------------------------------------------------------------------- build
+if [[ $BUILD == 1 ]]; then
+    log "building release binaries into $CARGO_TARGET_DIR"
+    (cd "$ROOT" && cargo build --release -p portcullis-gateway -p portcullis-testkit)
+fi
+for b in portcullis bench-upstream; do
+    [[ -x $BIN/$b ]] || { echo "missing $BIN/$b (run without --no-build)" >&2; exit 1; }
+done
+
+# --------------------------------------------------------------------------- bookkeeping
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+RUN_ID=$(date +%s)
+OUT=$BENCH/results/$STAMP
+RAW=$OUT/raw
+mkdir -p "$RAW"
+TMP=$(mktemp -d /tmp/portcullis-bench.XXXXXX)
+chmod 755 "$TMP" # PostgreSQL runs as user postgres and needs to traverse it
+PIDS=()
+PGDATA=$TMP/pg
+PG_STARTED=0
+
+cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    if [[ $PG_STARTED == 1 ]]; then
+        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w -t 10 stop >/dev/null 2>&1
+    fi
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for _ in $(seq 1 30); do
+        local alive=0
+        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [[ $alive == 0 ]] && break
+        sleep 0.1
+    done
+    for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    if [[ ${BENCH_KEEP_TMP:-0} == 1 ]]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Picks a free loopback port >= $2 into the variable named $1 (bounded search).
+TAKEN=" "
+pick_port() {
+    local p
+    for ((p = $2; p < $2 + 500; p++)); do
+        [[ $TAKEN == *" $p "* ]] && continue
+        if [[ -z $(ss -Htan "sport = :$p") ]]; then
+            TAKEN+="$p "
+            printf -v "$1" '%s' "$p"
+            return 0
+        fi
+    done
+    echo "no free port from $2" >&2
+    return 1
+}
+
+# wait_http URL [tries]: bounded readiness wait (tries x 0.1 s).
+wait_http() {
+    local i
+    for ((i = 0; i < ${2:-100}; i++)); do
+        curl -fs -o /dev/null --max-time 1 "$1" && return 0
+        sleep 0.1
+    done
+    echo "not ready: $1" >&2
+    return 1
+}
+
+# Everything under test runs on $SUT_CPU. Background processes are started as
+# `taskset -c CPU cmd &` (taskset execs cmd, so $! is the real PID; a function in the
+# background would leave $! pointing at a subshell).
+
+pick_port UP 28080
+pick_port AMP_UP 28100
+pick_port NGX_ORIGIN 28180
+pick_port NGX_PROXY 28190
+pick_port NGX_LIMIT 28191
+pick_port NGX_REJECT 28194
+pick_port REDIS_PORT 28300
+pick_port PG_PORT 28400
+pick_port GW_PASS 28500
+pick_port GW_MEM 28510
+pick_port GW_REDIS 28520
+pick_port GW_PG 28530
+pick_port GW_AMP 28540
+pick_port GW_JE 28560
+pick_port GW_AMP2 28550
+pick_port ADMIN_BASE 28600
+
+# --------------------------------------------------------------------------- machine facts
+{
+    echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "dirty=$([[ -n $(git -C "$ROOT" status --porcelain -- gateway ratelimit idempotency Cargo.lock 2>/dev/null) ]] && echo 1 || echo 0)"
+    echo "binary_built=$(date -u -r "$BIN/portcullis" '+%Y-%m-%d %H:%M UTC')"
+    echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+    echo "nproc=$(nproc)"
+    echo "client_cpu=$CLIENT_CPU"
+    echo "sut_cpu=$SUT_CPU"
+    echo "conns=$CONNS"
+    echo "duration=$DURATION"
+    echo "rounds=$ROUNDS"
+    echo "lat_conns=$LAT_CONNS"
+    echo "lat_delay_ms=$LAT_DELAY_MS"
+    echo "lat_rounds=$LAT_ROUNDS"
+    echo "lat_duration=$LAT_DURATION"
+    echo "wrk=$(wrk -v 2>&1 | sed -n 1p)"
+    echo "nginx=$(nginx -v 2>&1)"
+    echo "redis=$(redis-server --version)"
+    echo "postgres=$("$PGBIN/postgres" --version)"
+    echo "loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg)"
+} >"$RAW/meta.env"
+
+# --------------------------------------------------------------------------- backend
+log "bench-upstream on :$UP (CPU $SUT_CPU)"
+taskset -c "$SUT_CPU" "$BIN/bench-upstream" --port "$UP" --threads 1 >"$RAW/upstream.log" 2>&1 &
+UP_PID=$!
+PIDS+=("$UP_PID")
+wait_http "http://127.0.0.1:$UP/__bench/stats"
+
+# --------------------------------------------------------------------------- nginx
+mkdir -p "$TMP/nginx"
+sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$UP/; s/127\.0\.0\.1:18081/127.0.0.1:$NGX_ORIGIN/" \
+    -e "s/127\.0\.0\.1:18090/127.0.0.1:$NGX_PROXY/; s/127\.0\.0\.1:18091/127.0.0.1:$NGX_LIMIT/" \
+    -e "s/127\.0\.0\.1:18094/127.0.0.1:$NGX_REJECT/" \
+    -e "s|^http {|http {\n    client_body_temp_path body; proxy_temp_path proxy; fastcgi_temp_path fastcgi; uwsgi_temp_path uwsgi; scgi_temp_path scgi;|" \
+    "$SHARED_NGINX" >"$TMP/nginx/nginx.conf"
+cp "$TMP/nginx/nginx.conf" "$RAW/nginx.conf"
+log "nginx on :$NGX_PROXY (proxy_pass) :$NGX_LIMIT (limit_req)"
+taskset -c "$SUT_CPU" nginx -p "$TMP/nginx/" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" >"$RAW/nginx.log" 2>&1 &
+NGX_PID=$!
+PIDS+=("$NGX_PID")
+wait_http "http://127.0.0.1:$NGX_PROXY/x"
+wait_http "http://127.0.0.1:$NGX_LIMIT/x"
+NGX_WORKER=$(pgrep -P "$NGX_PID" | sed -n 1p)
+
+# --------------------------------------------------------------------------- redis
+mkdir -p "$TMP/redis"
+log "redis-server on :$REDIS_PORT"
+taskset -c "$SUT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$TMP/redis" --daemonize no --loglevel warning >"$RAW/redis.log" 2>&1 &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+for ((i = 0; i < 100; i++)); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$REDIS_PORT" ping >/dev/null
+
+# --------------------------------------------------------------------------- postgres
+log "PostgreSQL on :$PG_PORT ($PGBIN)"
+mkdir -p "$PGDATA" && chown postgres "$PGDATA"
+runuser -u postgres -- "$PGBIN/initdb" -D "$PGDATA" -A trust -U postgres --no-sync >"$RAW/initdb.log" 2>&1
+PG_STARTED=1
+taskset -c "$SUT_CPU" runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w -t 30 \
+    -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -c unix_socket_directories=$PGDATA -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" \
+    start >"$RAW/pg_ctl.log" 2>&1
+PG_PID=$(head -1 "$PGDATA/postmaster.pid")
+PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+psql_() { "$PGBIN/psql" -X -q -At -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres "$@"; }
+psql_ -c "create extension if not exists pg_stat_statements" >/dev/null
+
+# --------------------------------------------------------------------------- portcullis
+ADMIN_NEXT=$ADMIN_BASE
+declare -A GW_PID GW_ADMIN GW_WHAT
+# write_config NAME LISTEN IDEMPOTENCY_STORE ROUTE_IDEMPOTENCY(0/1) [UPSTREAM_PORT] [UPSTREAM_EXTRA]
+# Writes $TMP/NAME.toml; sets GW_ADMIN[NAME] (admin port).
+write_config() {
+    local name=$1 listen=$2 store=$3 idem=$4 upstream=${5:-$UP} extra=${6:-}
+    local admin
+    pick_port admin "$ADMIN_NEXT"
+    ADMIN_NEXT=$((admin + 1))
+    GW_ADMIN[$name]=$admin
+    {
+        echo "# generated by bench/run.sh ($name)"
+        echo "[server]"
+        echo "listen = \"127.0.0.1:$listen\""
+        echo "admin_listen = \"127.0.0.1:$admin\""
+        echo "worker_threads = 1"
+        echo "shutdown_grace = \"2s\""
+        echo
+        echo "[storage]"
+        echo "state = \"memory\""
+        echo "idempotency = \"$store\""
+        echo "database = \"sqlite://$TMP/$name.db\""
+        echo
+        echo "[[upstreams]]"
+        echo "name = \"backend\""
+        echo "endpoints = [\"http://127.0.0.1:$upstream\"]"
+        if [[ -n $extra ]]; then printf '%s\n' "$extra"; fi
+        echo
+        echo "[[routes]]"
+        echo "prefix = \"/\""
+        echo "upstream = \"backend\""
+        if [[ $idem == 1 ]]; then echo 'idempotency = { methods = ["POST", "PATCH"] }'; fi
+    } >"$TMP/$name.toml"
+    cp "$TMP/$name.toml" "$RAW/$name.toml"
+}
+
+start_gateway() { # NAME PORT WHAT [LD_PRELOAD]
+    local name=$1 port=$2
+    LD_PRELOAD=${4:-} taskset -c "$SUT_CPU" "$BIN/portcullis" --config "$TMP/$name.toml" >"$RAW/$name.log" 2>&1 &
+    GW_PID[$name]=$!
+    GW_WHAT[$name]=$3
+    PIDS+=("${GW_PID[$name]}")
+    wait_http "http://127.0.0.1:$port/readyz" 200 || { tail -20 "$RAW/$name.log" >&2; exit 1; }
+    kill -0 "${GW_PID[$name]}" 2>/dev/null || { echo "$name exited:" >&2; tail -20 "$RAW/$name.log" >&2; exit 1; }
+}
+
+write_config gw-pass "$GW_PASS" memory 0
+write_config gw-mem "$GW_MEM" memory 1
+write_config gw-redis "$GW_REDIS" "redis://127.0.0.1:$REDIS_PORT" 1
+write_config gw-pg "$GW_PG" "$PG_URL" 1
+log "portcullis: pass :$GW_PASS, memory :$GW_MEM, redis :$GW_REDIS, postgres :$GW_PG"
+start_gateway gw-pass "$GW_PASS" "GET pass-through"
+start_gateway gw-mem "$GW_MEM" "POST keyed (memory store) + unkeyed"
+start_gateway gw-redis "$GW_REDIS" "POST keyed (Redis store)"
+start_gateway gw-pg "$GW_PG" "POST keyed (PostgreSQL store)"
+JEMALLOC_SO=""
+if [[ $JEMALLOC == 1 ]]; then
+    JEMALLOC_SO=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | sed -n 1p)
+    [[ -n $JEMALLOC_SO ]] || { echo "--jemalloc: libjemalloc.so.2 not found (apt-get install libjemalloc2)" >&2; exit 1; }
+    write_config gw-pass-je "$GW_JE" memory 0
+    start_gateway gw-pass-je "$GW_JE" "GET pass-through, jemalloc (LD_PRELOAD)" "$JEMALLOC_SO"
+fi
+
+# --------------------------------------------------------------------------- targets
+# name | group | url | method | per-request header
+TARGETS=(
+    "direct|get|http://127.0.0.1:$UP/x|GET|"
+    "nginx|get|http://127.0.0.1:$NGX_PROXY/x|GET|"
+    "nginx-limit|get|http://127.0.0.1:$NGX_LIMIT/x|GET|"
+    "pc-pass|get|http://127.0.0.1:$GW_PASS/x|GET|"
+    $([[ $JEMALLOC == 1 ]] && echo "pc-pass-je|get|http://127.0.0.1:$GW_JE/x|GET|")
+    "direct-post|post|http://127.0.0.1:$UP/orders|POST|X-Bench-Seq"
+    "nginx-post|post|http://127.0.0.1:$NGX_PROXY/orders|POST|X-Bench-Seq"
+    "pc-unkeyed|post|http://127.0.0.1:$GW_MEM/orders|POST|X-Bench-Seq"
+    "pc-keyed-mem|post|http://127.0.0.1:$GW_MEM/orders|POST|Idempotency-Key"
+    "pc-keyed-redis|post|http://127.0.0.1:$GW_REDIS/orders|POST|Idempotency-Key"
+    "pc-keyed-pg|post|http://127.0.0.1:$GW_PG/orders|POST|Idempotency-Key"
+)
+LAT_TARGETS=(direct nginx pc-pass nginx-post pc-unkeyed pc-keyed-mem)
+
+printf 'phase\tround\ttarget\tgroup\trps\tp50_us\tp99_us\trequests\tnon2xx\terrors\n' >"$RAW/runs.tsv"
+
+# run_wrk PHASE ROUND SPEC SECONDS CONNS DELAY_MS
+run_wrk() {
+    local phase=$1 round=$2 spec=$3 secs=$4 conns=$5 delay=$6
+    local name group url method hdr
+    IFS='|' read -r name group url method hdr <<<"$spec"
+    local file=$RAW/$phase-r$round-$name.txt
+    BENCH_METHOD=$method BENCH_SEQ_HEADER=$hdr BENCH_KEY_PREFIX="$RUN_ID-$phase$round-$name" \
+        BENCH_DELAY_MS=$delay \
+        taskset -c "$CLIENT_CPU" timeout $((secs + 20)) \
+        wrk -t1 -c"$conns" -d"${secs}s" --timeout 5s --latency -s "$BENCH/wrk/bench.lua" "$url" >"$file" 2>&1 || true
+    printf '%s\t%s\t%s\t%s\t%s\n' "$phase" "$round" "$name" "$group" \
+        "$(python3 "$BENCH/benchtool.py" parse-wrk "$file")" >>"$RAW/runs.tsv"
+    log "$phase r$round $name: $(grep -m1 Requests/sec "$file" | awk '{print $2}') req/s"
+}
+
+spec_of() { local s; for s in "${TARGETS[@]}"; do [[ ${s%%|*} == "$1" ]] && { echo "$s"; return; }; done; return 1; }
+
+log "warm-up: 1 s per target"
+for spec in "${TARGETS[@]}"; do run_wrk warm 0 "$spec" 1 "$CONNS" 0; done
+
+log "throughput: $ROUNDS rounds x ${#TARGETS[@]} targets x $DURATION s"
+for ((r = 1; r <= ROUNDS; r++)); do
+    order=("${TARGETS[@]}")
+    if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#TARGETS[@]} - 1; i >= 0; i--)); do order+=("${TARGETS[i]}"); done
+    fi
+    log "round $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    for spec in "${order[@]}"; do run_wrk tput "$r" "$spec" "$DURATION" "$CONNS" 0; done
+done
+
+log "paced latency: $LAT_ROUNDS rounds x ${#LAT_TARGETS[@]} targets x $LAT_DURATION s"
+for ((r = 1; r <= LAT_ROUNDS; r++)); do
+    order=("${LAT_TARGETS[@]}")
+    if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#LAT_TARGETS[@]} - 1; i >= 0; i--)); do order+=("${LAT_TARGETS[i]}"); done
+    fi
+    for t in "${order[@]}"; do run_wrk lat "$r" "$(spec_of "$t")" "$LAT_DURATION" "$LAT_CONNS" "$LAT_DELAY_MS"; done
+done
+
+# --------------------------------------------------------------------------- store round trips
+BODY_FILE=$TMP/body.json
+printf '%s' '{"item":"book","qty":1,"note":"portcullis benchmark payload"}' >"$BODY_FILE"
+# keyed_batch PORT PREFIX N -> "<201 count> <replayed count>" (one keep-alive connection)
+keyed_batch() {
+    local port=$1 prefix=$2 n=$3 cfg=$TMP/curl-$2.cfg i
+    : >"$cfg"
+    for ((i = 1; i <= n; i++)); do
+        printf 'url = "http://127.0.0.1:%s/orders"\nrequest = "POST"\nheader = "Idempotency-Key: %s-%d"\nheader = "Content-Type: application/json"\ndata-binary = "@%s"\noutput = "/dev/null"\nwrite-out = "%%{http_code} %%header{idempotent-replayed}\\n"\n' \
+            "$port" "$prefix" "$i" "$BODY_FILE" >>"$cfg"
+        if ((i < n)); then echo "next" >>"$cfg"; fi
+    done
+    timeout 120 curl -s -K "$cfg" | awk '$1 == 201 { ok++ } $2 == "true" { rep++ } END { printf "%d %d\n", ok, rep }'
+}
+segs() { ss -Htin state established "( sport = :$1 )" >"$2"; }
+
+log "store round trips: $RT_N first executions + $RT_N replays per store"
+{
+    echo "### Store round trips per keyed request"
+    echo
+    echo "$RT_N keyed POSTs with fresh keys (first executions), then the same $RT_N keys again (replays),"
+    echo "sequentially over one keep-alive connection (curl -K). *Commands* are counted by the store"
+    echo "(Redis \`INFO commandstats\` deltas; PostgreSQL \`pg_stat_statements\` calls, utility statements"
+    echo "such as BEGIN/COMMIT included); *segments* are TCP data segments the store's listening socket"
+    echo "received from the gateway (\`ss -ti\` \`data_segs_in\` deltas over established connections) — one"
+    echo "per request message, so this also counts what the statement statistics cannot see (e.g. sqlx"
+    echo "connection pings, Sync-only messages). Goal (issue 4): 2 round trips for a first execution"
+    echo "(lock, complete), 1 for a replay."
+    echo
+    echo "| store | phase | answers 201 / replayed | commands per request (Redis: incl. those run inside Lua) | EVAL/EVALSHA per request | segments into store per request | detail (per request) |"
+    echo "|---|---|---:|---:|---:|---:|---|"
+} >"$OUT/roundtrips.md"
+
+# Redis
+for phase in first replay; do
+    redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/redis-$phase-before.txt"
+    segs "$REDIS_PORT" "$RAW/redis-$phase-segs-before.txt"
+    got=$(keyed_batch "$GW_REDIS" "rt-$RUN_ID-redis" "$RT_N")
+    redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/redis-$phase-after.txt"
+    segs "$REDIS_PORT" "$RAW/redis-$phase-segs-after.txt"
+    IFS=$'\t' read -r evals cmds detail < <(python3 "$BENCH/benchtool.py" delta-cmdstats "$RAW/redis-$phase-before.txt" "$RAW/redis-$phase-after.txt" "$RT_N")
+    IFS=$'\t' read -r segper _ < <(python3 "$BENCH/benchtool.py" delta-segs "$RAW/redis-$phase-segs-before.txt" "$RAW/redis-$phase-segs-after.txt" "$RT_N")
+    echo "| Redis | $phase | ${got// / \/ } | $cmds | $evals | $segper | $detail |" >>"$OUT/roundtrips.md"
+done
+
+# PostgreSQL
+for phase in first replay; do
+    psql_ -c "select pg_stat_statements_reset()" >/dev/null
+    segs "$PG_PORT" "$RAW/pg-$phase-segs-before.txt"
+    got=$(keyed_batch "$GW_PG" "rt-$RUN_ID-pg" "$RT_N")
+    segs "$PG_PORT" "$RAW/pg-$phase-segs-after.txt"
+    psql_ -F $'\t' -c "select calls, regexp_replace(query, '\s+', ' ', 'g') from pg_stat_statements
+        where query !~* 'pg_stat_statements' and dbid = (select oid from pg_database where datname = 'postgres')
+        order by calls desc" >"$RAW/pg-$phase-statements.tsv"
+    IFS=$'\t' read -r segper _ < <(python3 "$BENCH/benchtool.py" delta-segs "$RAW/pg-$phase-segs-before.txt" "$RAW/pg-$phase-segs-after.txt" "$RT_N")
+    stmts=$(awk -F'\t' -v n="$RT_N" '{ s += $1 } END { printf "%.2f", s / n }' "$RAW/pg-$phase-statements.tsv")
+    detail=$(awk -F'\t' -v n="$RT_N" '$1 > 0 { q = substr($2, 1, 60); gsub(/\|/, "\\|", q); printf "%s%.2f× `%s…`", sep, $1 / n, q; sep = "; " }' "$RAW/pg-$phase-statements.tsv")
+    echo "| PostgreSQL | $phase | ${got// / \/ } | $stmts | – | $segper | $detail |" >>"$OUT/roundtrips.md"
+done
+
+# --------------------------------------------------------------------------- peak memory
+rss_line() { # NAME WHAT PID
+    local hwm cur
+    hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$3/status" 2>/dev/null || echo 0)
+    cur=$(awk '/^VmRSS/ {print $2}' "/proc/$3/status" 2>/dev/null || echo 0)
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "${hwm:-0}" "${cur:-0}"
+}
+{
+    for g in gw-pass gw-mem gw-redis gw-pg; do rss_line "portcullis $g" "${GW_WHAT[$g]}" "${GW_PID[$g]}"; done
+    if [[ $JEMALLOC == 1 ]]; then rss_line "portcullis gw-pass-je" "${GW_WHAT[gw-pass-je]}" "${GW_PID[gw-pass-je]}"; fi
+    rss_line "nginx worker" "GET + POST proxy_pass, limit_req" "$NGX_WORKER"
+    rss_line "bench-upstream" "every target" "$UP_PID"
+    rss_line "redis-server" "idempotency records" "$REDIS_PID"
+} >"$RAW/rss.tsv"
+
+# --------------------------------------------------------------------------- profile
+if [[ $PROFILE == 1 ]]; then
+    log "profile: CPU per request, syscalls per request, perf record"
+    ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+    ctxsw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'; }
+    HZ=$(getconf CLK_TCK)
+    {
+        echo "### Where the time goes (pass-through GET, wrk -c$CONNS, 4 s per measurement)"
+        echo
+        echo "CPU time from \`/proc/PID/stat\` (utime+stime, all threads) over a saturated 4 s run;"
+        echo "syscalls from \`strace -c -f -p PID\` over a 3 s run (strace slows the process; the counts per"
+        echo "request stay meaningful). Requests = wrk's completed count."
+        echo
+        echo "| proxy | req/s | proxy CPU µs/req | backend CPU µs/req | proxy context switches/req | backend context switches/req | proxy syscalls/req | top syscalls (per request) |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---|"
+    } >"$OUT/profile.md"
+    PAIRS=("nginx:$NGX_WORKER" "pc-pass:${GW_PID[gw-pass]}")
+    [[ $JEMALLOC == 1 ]] && PAIRS+=("pc-pass-je:${GW_PID[gw-pass-je]}")
+    for pair in "${PAIRS[@]}"; do
+        t=${pair%%:*} pid=${pair#*:}
+        spec=$(spec_of "$t")
+        p0=$(ticks "$pid") u0=$(ticks "$UP_PID") c0=$(ctxsw "$pid") cu0=$(ctxsw "$UP_PID")
+        run_wrk prof 1 "$spec" 4 "$CONNS" 0
+        p1=$(ticks "$pid") u1=$(ticks "$UP_PID") c1=$(ctxsw "$pid") cu1=$(ctxsw "$UP_PID")
+        req=$(tail -1 "$RAW/runs.tsv" | cut -f8) rps=$(tail -1 "$RAW/runs.tsv" | cut -f5)
+        timeout 30 strace -c -f -p "$pid" -o "$RAW/strace-$t.txt" &
+        ST=$!
+        sleep 1
+        run_wrk prof 2 "$spec" 3 "$CONNS" 0
+        kill -INT "$ST" 2>/dev/null
+        wait "$ST" 2>/dev/null || true
+        sreq=$(tail -1 "$RAW/runs.tsv" | cut -f8)
+        IFS=$'\t' read -r scalls top < <(python3 "$BENCH/benchtool.py" strace-summary "$RAW/strace-$t.txt" "$sreq")
+        awk -v t="$t" -v rps="$rps" -v req="$req" -v dp=$((p1 - p0)) -v du=$((u1 - u0)) -v hz="$HZ" -v sc="$scalls" -v top="$top" \
+            -v cp=$((c1 - c0)) -v cu=$((cu1 - cu0)) \
+            'BEGIN { printf "| %s | %.0f | %.1f | %.1f | %.2f | %.2f | %s | %s |\n", t, rps, dp * 1e6 / hz / req, du * 1e6 / hz / req, cp / req, cu / req, sc, top }' >>"$OUT/profile.md"
+    done
+    if command -v perf >/dev/null; then
+        (sleep 1; timeout 20 perf record -F 2000 -g -o "$RAW/perf-gateway.data" -p "${GW_PID[gw-pass]}" -- sleep 4 >/dev/null 2>&1) &
+        PR=$!
+        run_wrk prof 3 "$(spec_of pc-pass)" 6 "$CONNS" 0
+        wait "$PR" || true
+        perf report -i "$RAW/perf-gateway.data" --no-children -g none --sort dso --stdio >"$RAW/perf-dso-full.txt" 2>/dev/null || true
+        perf report -i "$RAW/perf-gateway.data" --no-children -g none --sort symbol --stdio >"$RAW/perf-symbols-full.txt" 2>/dev/null || true
+        # Drop comments/blank lines and perf's trailing padding columns; keep the top lines.
+        clean() { awk '!/^#/ && NF { sub(/[[:space:]]+-[[:space:]]+-[[:space:]]*$/, ""); sub(/[[:space:]]+$/, ""); print }' "$1" | awk -v n="$2" 'NR <= n'; }
+        clean "$RAW/perf-dso-full.txt" 8 >"$RAW/perf-dso.txt"
+        clean "$RAW/perf-symbols-full.txt" 30 >"$RAW/perf-symbols.txt"
+        # Share of samples in glibc's allocator and memcpy, summed over symbols.
+        ALLOC=$(awk '!/^#/ && /\[\.\] (_int_malloc|_int_free|malloc|cfree|free|realloc|_int_realloc|unlink_chunk|malloc_consolidate|__memmove|__memcpy|__memset)/ { sub(/%/, "", $1); s += $1 } END { printf "%.1f", s }' "$RAW/perf-symbols-full.txt")
+        {
+            echo
+            echo "perf record -F 2000 -g of the pass-through gateway under load (cpu-clock; no hardware counters in this VM):"
+            echo
+            echo '```'
+            echo "# by DSO"
+            cat "$RAW/perf-dso.txt"
+            echo "# top symbols (self)"
+            cat "$RAW/perf-symbols.txt"
+            echo '```'
+            echo
+            echo "glibc malloc/free/memmove family: ${ALLOC} % of all samples."
+        } >>"$OUT/profile.md"
+    fi
+fi
+
+# --------------------------------------------------------------------------- retry amplification
+if [[ $AMP == 1 ]]; then
+    log "retry amplification: $AMP_RATE req/s, ${AMP_WARMUP}s healthy, ${AMP_OUTAGE}s of 503, ${AMP_AFTER}s recovered"
+    taskset -c "$SUT_CPU" "$BIN/bench-upstream" --port "$AMP_UP" --threads 1 >"$RAW/amp-upstream.log" 2>&1 &
+    AMP_UP_PID=$!
+    PIDS+=("$AMP_UP_PID")
+    wait_http "http://127.0.0.1:$AMP_UP/__bench/stats"
+    DEFAULTS_EXTRA='retry = { total = "5s" }   # everything else: shipped defaults (full jitter, base 1s, cap 30s, max_retries 3, budget 20 % / 30 s, floor 1/s; breaker 0.5 / 20 / 30s / open 10s / 3 probes)'
+    NAIVE_EXTRA='retry = { max_retries = 3, base = "10ms", cap = "10ms", total = "5s", budget_percent = 50 }
+circuit_breaker = { failure_rate = 1.0, min_requests = 1000000 }   # effectively off'
+    {
+        echo "### Retry amplification (issue 5)"
+        echo
+        echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, CPU $CLIENT_CPU):"
+        echo "GET at a constant $AMP_RATE req/s; backend healthy for ${AMP_WARMUP} s, then \`503\` (no \`Retry-After\`)"
+        echo "for every request for ${AMP_OUTAGE} s, then healthy for ${AMP_AFTER} s. *Attempts* = requests the backend"
+        echo "received between the two switches; *requests* = client requests sent in that interval."
+        echo "Goal: attempts / requests ≤ 1.25 during the outage."
+        echo
+        echo "| config | client requests in outage | backend attempts | attempts / request | attempts by number (1st, 2nd, 3rd, 4th) | client answers during outage | client p50 / p99 during outage | first success after recovery | all OK after |"
+        echo "|---|---:|---:|---:|---|---|---:|---:|---:|"
+    } >"$OUT/amplification.md"
+    for cfg in defaults naive; do
+        if [[ $cfg == defaults ]]; then extra=$DEFAULTS_EXTRA port=$GW_AMP; else extra=$NAIVE_EXTRA port=$GW_AMP2; fi
+        write_config "gw-amp-$cfg" "$port" memory 0 "$AMP_UP" "$extra"
+        start_gateway "gw-amp-$cfg" "$port" "retry scenario"
+        curl -fs -o /dev/null "http://127.0.0.1:$AMP_UP/__bench/ok"
+        curl -fs -o /dev/null "http://127.0.0.1:$AMP_UP/__bench/reset"
+        taskset -c "$CLIENT_CPU" timeout $((AMP_WARMUP + AMP_OUTAGE + AMP_AFTER + 60)) \
+            python3 "$BENCH/benchtool.py" openloop --url "http://127.0.0.1:$port/amp" \
+            --control "http://127.0.0.1:$AMP_UP/__bench" --rate "$AMP_RATE" --warmup "$AMP_WARMUP" \
+            --outage "$AMP_OUTAGE" --after "$AMP_AFTER" --timeout 10 --label "$cfg" >"$RAW/amp-$cfg.json"
+        curl -fs "http://127.0.0.1:${GW_ADMIN[gw-amp-$cfg]}/metrics" | grep -E '^(retry_|circuit_breaker|upstream_)' >"$RAW/amp-$cfg-metrics.txt" || true
+        python3 - "$RAW/amp-$cfg.json" "$cfg" >>"$OUT/amplification.md" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+a = d["outage_attempts_by_number"]
+f = lambda x, s: "–" if x is None else format(x, s)
+st = ", ".join(f"{k}: {v}" for k, v in sorted(d["outage_client_statuses"].items(), key=lambda kv: -kv[1]))
+print(f"| {sys.argv[2]} | {d['outage_requests']} | {d['outage_attempts']} | {f(d['amplification'], '.3f')} | "
+      f"{a[0]}, {a[1]}, {a[2]}, {a[3]} | {st} | {f(d['outage_client_p50_s'], '.3f')} s / {f(d['outage_client_p99_s'], '.3f')} s | "
+      f"{f(d['first_success_after_recovery_s'], '.3f')} s | {f(d['all_ok_after_s'], '.3f')} s |")
+PY
+        pid=${GW_PID[gw-amp-$cfg]}
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        log "amplification $cfg: $(tail -1 "$OUT/amplification.md")"
+    done
+    {
+        echo
+        echo "Configurations (upstream section; route \`/\`, no idempotency):"
+        echo
+        echo '```toml'
+        echo "# defaults"
+        echo "$DEFAULTS_EXTRA"
+        echo "# naive"
+        echo "$NAIVE_EXTRA"
+        echo '```'
+    } >>"$OUT/amplification.md"
+fi
+
+# --------------------------------------------------------------------------- store memory
+for g in gw-pass gw-mem gw-redis gw-pg; do
+    curl -fs --max-time 5 "http://127.0.0.1:${GW_ADMIN[$g]}/metrics" >"$RAW/metrics-$g.txt" || true
+done
+redis-cli -p "$REDIS_PORT" info memory >"$RAW/redis-memory.txt" 2>/dev/null || true
+{
+    echo "keyed_mem_requests=$(awk -F'\t' '$3 == "pc-keyed-mem" { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")"
+    echo "mem_stored_bytes=$(awk '/^idempotency_stored_bytes/ { print $NF }' "$RAW/metrics-gw-mem.txt" | sed -n 1p)"
+    echo "mem_evictions=$(awk '/^idempotency_evictions_total/ { s += $NF } END { print s + 0 }' "$RAW/metrics-gw-mem.txt")"
+    echo "redis_keys=$(redis-cli -p "$REDIS_PORT" dbsize 2>/dev/null)"
+    echo "redis_used_memory=$(awk -F: '/^used_memory:/ { print $2 }' "$RAW/redis-memory.txt" | tr -d '\r')"
+    echo "pg_records=$(psql_ -c 'select count(*) from idempotency_records' 2>/dev/null)"
+    echo "pg_table_bytes=$(psql_ -c "select pg_total_relation_size('idempotency_records')" 2>/dev/null)"
+    echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)"
+} >>"$RAW/meta.env"
+
+# --------------------------------------------------------------------------- report
+python3 "$BENCH/benchtool.py" summarize "$OUT" >"$OUT/report.md"
+cp "$OUT/report.md" "$BENCH/results/latest.md"
+cat "$OUT/report.md"
+log "report: $BENCH/results/latest.md (raw data in $OUT)"
