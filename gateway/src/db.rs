@@ -105,100 +105,54 @@ impl Database {
     /// Upserts the tenants of the configuration file and their keys (hashed), in one
     /// transaction, and bumps the configuration version so replicas reload.
     pub async fn upsert_tenants(&self, tenants: &[TenantSettings]) -> Result<(), DbError> {
+        // One body for both dialects; only the SQL text differs (placeholders, clock).
+        macro_rules! upsert {
+            ($pool:expr, $sql:expr) => {{
+                let sql: &UpsertSql = $sql;
+                let mut tx = $pool.begin().await?;
+                for t in tenants {
+                    sqlx::query(sql.tenant)
+                        .bind(&t.id)
+                        .bind(to_i64(t.bucket.rate))
+                        .bind(duration_ms(t.bucket.per))
+                        .bind(to_i64(t.bucket.burst))
+                        .bind(t.daily_quota.map(to_i64))
+                        .bind(t.monthly_quota.map(to_i64))
+                        .execute(&mut *tx)
+                        .await?;
+                    for key in &t.api_keys {
+                        let hash = hash_api_key(key.expose());
+                        let owner: Option<String> = sqlx::query_scalar(sql.key_owner)
+                            .bind(&hash)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        match owner {
+                            Some(owner) if owner != t.id => {
+                                return Err(DbError::KeyConflict {
+                                    tenant: t.id.clone(),
+                                })
+                            }
+                            Some(_) => {}
+                            None => {
+                                sqlx::query(sql.insert_key)
+                                    .bind(&t.id)
+                                    .bind(&hash)
+                                    .bind(key_prefix(key.expose()))
+                                    .execute(&mut *tx)
+                                    .await?;
+                            }
+                        }
+                    }
+                }
+                sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }};
+        }
         match self {
-            Self::Sqlite(pool) => {
-                let mut tx = pool.begin().await?;
-                for t in tenants {
-                    sqlx::query(
-                        "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst,
-                           daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota,
-                           updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-                    )
-                    .bind(&t.id)
-                    .bind(to_i64(t.bucket.rate))
-                    .bind(duration_ms(t.bucket.per))
-                    .bind(to_i64(t.bucket.burst))
-                    .bind(t.daily_quota.map(to_i64))
-                    .bind(t.monthly_quota.map(to_i64))
-                    .execute(&mut *tx)
-                    .await?;
-                    for key in &t.api_keys {
-                        let owner: Option<String> = sqlx::query_scalar(
-                            "SELECT tenant_id FROM api_keys WHERE key_hash = ?1",
-                        )
-                        .bind(hash_api_key(key.expose()))
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                        match owner {
-                            Some(owner) if owner != t.id => {
-                                return Err(DbError::KeyConflict {
-                                    tenant: t.id.clone(),
-                                })
-                            }
-                            Some(_) => {}
-                            None => {
-                                sqlx::query("INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES (?1, ?2, ?3)")
-                                    .bind(&t.id)
-                                    .bind(hash_api_key(key.expose()))
-                                    .bind(key_prefix(key.expose()))
-                                    .execute(&mut *tx)
-                                    .await?;
-                            }
-                        }
-                    }
-                }
-                sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-            }
-            Self::Postgres(pool) => {
-                let mut tx = pool.begin().await?;
-                for t in tenants {
-                    sqlx::query(
-                        "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES ($1, $2, $3, $4, $5, $6)
-                         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst,
-                           daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, updated_at = now()",
-                    )
-                    .bind(&t.id)
-                    .bind(to_i64(t.bucket.rate))
-                    .bind(duration_ms(t.bucket.per))
-                    .bind(to_i64(t.bucket.burst))
-                    .bind(t.daily_quota.map(to_i64))
-                    .bind(t.monthly_quota.map(to_i64))
-                    .execute(&mut *tx)
-                    .await?;
-                    for key in &t.api_keys {
-                        let owner: Option<String> = sqlx::query_scalar(
-                            "SELECT tenant_id FROM api_keys WHERE key_hash = $1",
-                        )
-                        .bind(hash_api_key(key.expose()))
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                        match owner {
-                            Some(owner) if owner != t.id => {
-                                return Err(DbError::KeyConflict {
-                                    tenant: t.id.clone(),
-                                })
-                            }
-                            Some(_) => {}
-                            None => {
-                                sqlx::query("INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)")
-                                    .bind(&t.id)
-                                    .bind(hash_api_key(key.expose()))
-                                    .bind(key_prefix(key.expose()))
-                                    .execute(&mut *tx)
-                                    .await?;
-                            }
-                        }
-                    }
-                }
-                sqlx::query("UPDATE config_version SET version = version + 1 WHERE id = 1")
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-            }
+            Self::Sqlite(pool) => upsert!(pool, &SQLITE_UPSERT),
+            Self::Postgres(pool) => upsert!(pool, &POSTGRES_UPSERT),
         }
         Ok(())
     }
@@ -260,6 +214,30 @@ impl Database {
         }
     }
 }
+
+/// The statements of `upsert_tenants`, per dialect.
+struct UpsertSql {
+    tenant: &'static str,
+    key_owner: &'static str,
+    insert_key: &'static str,
+}
+
+const SQLITE_UPSERT: UpsertSql = UpsertSql {
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
+         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, \
+         updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = ?1",
+    insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES (?1, ?2, ?3)",
+};
+
+const POSTGRES_UPSERT: UpsertSql = UpsertSql {
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
+         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, updated_at = now()",
+    key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = $1",
+    insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)",
+};
 
 type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
 type RouteQuotaRow = (String, String, i64, i64, i64);
