@@ -231,10 +231,17 @@ def summarize(outdir):
                     errors=int(p[9]),
                 )
             )
+    # A wrk run that completed no request at all (seen when the shared machine stalls the
+    # client for seconds) carries no measurement: dropped from medians and ratios, listed below.
+    failed = [r for r in rows if r["requests"] == 0]
+    rows = [r for r in rows if r["requests"] > 0]
     ref = {"get": ("nginx", "direct"), "post": ("nginx-post", "direct-post")}
     out = []
     w = out.append
     w(f"## Portcullis benchmark — {meta.get('date', '?')}\n")
+    if failed:
+        w("Runs that completed no request (excluded): "
+          + ", ".join(f"{r['phase']} round {r['round']} {r['target']}" for r in failed) + ".\n")
     w(
         f"HEAD at run time `{meta.get('commit', '?')}`{' (+ uncommitted changes in the work tree)' if meta.get('dirty') == '1' else ''}, "
         f"`portcullis` binary built {meta.get('binary_built', '?')}; "
@@ -313,6 +320,8 @@ def summarize(outdir):
             w(f"\nPass-through goal (issue 2): p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "
               f"({'met' if _median(xs) <= 1.2 else '**missed**'}).")
 
+    _rate_limit_section(w, rows, raw, meta)
+
     rss = os.path.join(raw, "rss.tsv")
     if os.path.exists(rss):
         w("\n### Peak memory (VmHWM at the end of the run)\n")
@@ -341,21 +350,126 @@ def summarize(outdir):
                 f"{grow / 2**20:.0f} MiB over the pass-through gateway's peak, i.e. ≈ {grow / max(recs, 1):,.0f} B of "
                 f"RSS per record vs ≈ {stored / max(recs, 1):,.0f} B accounted."
             )
+            rl_recs = int(m.get("rl_mem_keyed_requests") or 0)
+            if rl_recs and "portcullis gw-rl-mem" in hwm:
+                rl_grow = hwm["portcullis gw-rl-mem"] - hwm.get("portcullis gw-rl", base)
+                rl_stored = float(m.get("rl_mem_stored_bytes") or "nan")
+                w(
+                    f"gw-rl-mem (local rate limit + memory store): {rl_recs:,} keyed first executions, "
+                    f"`idempotency_stored_bytes` {rl_stored / 2**20:.1f} MiB, peak RSS "
+                    f"{hwm['portcullis gw-rl-mem'] / 2**20:.0f} MiB, {rl_grow / 2**20:.0f} MiB over the rate-limit-only "
+                    f"gateway, ≈ {rl_grow / max(rl_recs, 1):,.0f} B of RSS per record."
+                )
             rk, rm = int(m.get("redis_keys") or 0), int(m.get("redis_used_memory") or 0)
             if rk:
                 w(f"Redis: {rk:,} keys, used_memory {rm / 2**20:.1f} MiB (≈ {rm / rk:,.0f} B per key). "
                   f"PostgreSQL: {m.get('pg_records', '?')} rows, table + indexes {int(m.get('pg_table_bytes') or 0) / 2**20:.1f} MiB.")
         except (ValueError, OSError):
             pass
+        growth = os.path.join(raw, "mem-growth.tsv")
+        if os.path.exists(growth):
+            w("\nRSS of the memory-store gateways after each throughput run (cumulative keyed first "
+              "executions, incl. the warm-up; VmRSS; the store's `idempotency_stored_bytes`):\n")
+            w("| target | after round | records | VmRSS | stored (accounted) | RSS growth since previous row per new record |")
+            w("|---|---:|---:|---:|---:|---:|")
+            prev = {}
+            with open(growth, encoding="utf-8") as f:
+                for ln in f:
+                    t, rd, n, rss_kb, stored = ln.rstrip("\n").split("\t")
+                    n, rss_b, stored = int(n), int(rss_kb or 0) * 1024, float(stored or 0)
+                    slope = "–"
+                    if t in prev and n > prev[t][0]:
+                        slope = f"{(rss_b - prev[t][1]) / (n - prev[t][0]):,.0f} B"
+                    prev[t] = (n, rss_b)
+                    w(f"| {t} | {rd} | {n:,} | {rss_b / 2**20:.1f} MiB | {stored / 2**20:.1f} MiB | {slope} |")
         w(f"\nLoad average (all processes on the machine, not only this benchmark): "
           f"{m.get('loadavg_start', '?')} at the start, {m.get('loadavg_end', '?')} at the end.")
 
-    for frag in ("roundtrips.md", "amplification.md", "profile.md"):
+    for frag in ("roundtrips.md", "rl-roundtrips.md", "amplification.md", "profile.md"):
         p = os.path.join(outdir, frag)
         if os.path.exists(p):
             with open(p, encoding="utf-8") as f:
                 w("\n" + f.read().rstrip("\n"))
     print("\n".join(out))
+
+
+def _same_round(rows, phase, a, b, key="rps"):
+    by = {(r["round"], r["target"]): r for r in rows if r["phase"] == phase}
+    rounds = sorted({k for k, _ in by})
+    return [by[(k, a)][key] / by[(k, b)][key] for k in rounds if (k, a) in by and (k, b) in by and by[(k, b)][key]]
+
+
+def _rate_limit_section(w, rows, raw, meta):
+    names = {r["target"] for r in rows}
+    if "pc-rl-local" not in names:
+        return
+    w("\n### Rate limiting (issues 3 and 7)\n")
+    w(
+        "`pc-rl-local`: GET through a gateway whose one tenant (`Authorization: Bearer <key>`) and "
+        "`[rate_limit] global` bucket have rate = burst = 10⁶ per second (the most the limiter accepts), state in memory — every request is "
+        "decided (tenant + global bucket, all-or-nothing) and admitted. `pc-rl-keyed-mem`: keyed POSTs "
+        "(unique `Idempotency-Key`) through the same kind of gateway with the memory idempotency store. "
+        "`pc-rl-redis` / `pc-rl-keyed-redis`: the same two through one gateway with `storage.state` = "
+        "Redis (rate limit and idempotency in the harness's own redis-server). `nginx-limit` / "
+        "`nginx-limit-post`: nginx `proxy_pass` + `limit_req` (rate 10⁶ r/s, burst 100000 nodelay, one "
+        "hot key), sent the same `Authorization` header. Ratios are medians of same-round ratios "
+        "(min–max over rounds); p99 ratios under *paced* are at equal offered load.\n"
+    )
+    w("| comparison | measured | min–max | goal | verdict |")
+    w("|---|---:|---:|---|---|")
+
+    def line(label, xs, goal=None, le=False):
+        if not xs:
+            return
+        med = _median(xs)
+        verdict = ""
+        if goal is not None:
+            ok = med <= goal if le else med >= goal
+            verdict = "met" if ok else "**missed**"
+        g = "–" if goal is None else (f"≤ {goal:.2f} ×" if le else f"≥ {goal:.2f} ×")
+        w(f"| {label} | {med:.2f} × | {min(xs):.2f}–{max(xs):.2f} | {g} | {verdict} |")
+
+    line("local rate limit / pass-through (GET req/s)", _same_round(rows, "tput", "pc-rl-local", "pc-pass"), 0.9)
+    line("local rate limit / nginx + limit_req (GET req/s)", _same_round(rows, "tput", "pc-rl-local", "nginx-limit"))
+    line("local rate limit p99 / nginx + limit_req p99 (GET, paced)", _same_round(rows, "lat", "pc-rl-local", "nginx-limit", "p99"))
+    line("local rate limit + idempotency (memory) / nginx + limit_req (POST req/s)",
+         _same_round(rows, "tput", "pc-rl-keyed-mem", "nginx-limit-post"), 1.0)
+    line("… p99 / nginx + limit_req p99 (POST, paced, equal offered load)",
+         _same_round(rows, "lat", "pc-rl-keyed-mem", "nginx-limit-post", "p99"), 1.2, le=True)
+    line("… p99 / nginx + limit_req p99 (POST, closed loop, each at its own saturation)",
+         _same_round(rows, "tput", "pc-rl-keyed-mem", "nginx-limit-post", "p99"), 1.2, le=True)
+    line("local rate limit + idempotency (memory) / idempotency (memory) without rate limit (POST req/s)",
+         _same_round(rows, "tput", "pc-rl-keyed-mem", "pc-keyed-mem"))
+    line("Redis rate limit + Redis idempotency / local rate limit + memory idempotency (keyed POST req/s)",
+         _same_round(rows, "tput", "pc-rl-keyed-redis", "pc-rl-keyed-mem"), 0.6)
+    line("Redis rate limit / local rate limit (GET req/s)", _same_round(rows, "tput", "pc-rl-redis", "pc-rl-local"))
+
+    load = os.path.join(raw, "rl-redis-load.tsv")
+    if os.path.exists(load):
+        recs = []
+        with open(load, encoding="utf-8") as f:
+            for ln in f:
+                p = ln.rstrip("\n").split("\t")
+                if p[0] == "round" or len(p) < 6:
+                    continue
+                recs.append([int(float(x)) for x in p])
+        if recs:
+            rps = [r["rps"] for r in rows if r["phase"] == "tput" and r["target"] == "pc-rl-redis"]
+            w(
+                f"\nDecisions/s through one gateway (Redis rate limiter, GET, wrk -c{meta.get('conns')}, one "
+                f"decision per request, nothing rejected): **{_median(rps):,.0f}** (median over rounds, "
+                f"{min(rps):,.0f}–{max(rps):,.0f}).\n"
+            )
+            w("Redis commands during each `pc-rl-redis` throughput run (`INFO commandstats` and the gateway's "
+              "`http_requests_total` / `ratelimit_redis_decision_seconds` counts before and after the run; "
+              "wrk's count misses the requests still in flight when it stops):\n")
+            w("| round | wrk requests | gateway requests | Redis decisions | EVALSHA | EVALSHA / gateway request | EVALSHA / decision | all Redis commands / request (incl. inside Lua) |")
+            w("|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for rd, wreq, greq, dec, ev, cmds in recs:
+                w(f"| {rd} | {wreq:,} | {greq:,} | {dec:,} | {ev:,} | {ev / max(greq, 1):.4f} | "
+                  f"{ev / max(dec, 1):.4f} | {cmds / max(greq, 1):.2f} |")
+    w(f"\nRejections (429) by any rate-limited gateway over the whole run: {meta.get('rl_rejected', '?')}; "
+      f"fail-open/closed fallback decisions: {meta.get('rl_fallback', '?')}.")
 
 
 # ---------------------------------------------------------------------------- main

@@ -25,16 +25,23 @@
 #   1. builds `portcullis` and `bench-upstream` (cargo build --release) unless --no-build;
 #   2. starts bench-upstream (1 thread), nginx (copy of ../shared/bench/nginx.conf with ports
 #      moved, proxy_pass with upstream keep-alive + the limit_req server), redis-server,
-#      PostgreSQL (initdb in a temp dir, trust auth), and four Portcullis processes
+#      PostgreSQL (initdb in a temp dir, trust auth), and seven Portcullis processes
 #      (worker_threads = 1): pass-through; idempotency in memory; in Redis; in PostgreSQL;
+#      local rate limit (tenant + global bucket, rates that never reject); local rate limit +
+#      memory idempotency; Redis rate limit + Redis idempotency (storage.state = redis);
 #      everything under test on CPU $SUT_CPU, wrk / the client on CPU $CLIENT_CPU;
+#      rate-limited targets send "Authorization: Bearer <tenant key>", and so do the nginx
+#      limit_req targets they are compared with;
 #   3. throughput: ROUNDS rounds, every target once per round (order reversed on even rounds),
 #      wrk -t1 -cCONNS -dDURATION --latency, same Lua script (bench/wrk/bench.lua) for all;
 #   4. latency at equal offered load: wrk paced by a per-connection delay;
 #   5. peak RSS (VmHWM) of every process;
 #   6. store round trips per keyed request: RT_N first executions then RT_N replays over one
 #      keep-alive connection; Redis INFO commandstats deltas, pg_stat_statements calls, and
-#      data segments the store received (ss -i data_segs_in) for both;
+#      data segments the store received (ss -i data_segs_in) for both; the same for the
+#      Redis rate limiter: RT_N GETs (one decision each), RT_N keyed POSTs first/replay through
+#      the Redis rate limit + Redis idempotency gateway, and EVALSHA per request of every
+#      throughput run of pc-rl-redis (commandstats and the gateway's counters around the run);
 #   7. (--profile) CPU µs/request from /proc/PID/stat, syscalls/request with strace -c -f,
 #      perf record of the gateway;
 #   8. retry amplification: the backend answers 503 to everything for AMP_OUTAGE s under a
@@ -175,6 +182,9 @@ pick_port GW_PG 28530
 pick_port GW_AMP 28540
 pick_port GW_JE 28560
 pick_port GW_AMP2 28550
+pick_port GW_RL 28570
+pick_port GW_RL_MEM 28575
+pick_port GW_RL_REDIS 28580
 pick_port ADMIN_BASE 28600
 
 # --------------------------------------------------------------------------- machine facts
@@ -250,10 +260,24 @@ psql_ -c "create extension if not exists pg_stat_statements" >/dev/null
 # --------------------------------------------------------------------------- portcullis
 ADMIN_NEXT=$ADMIN_BASE
 declare -A GW_PID GW_ADMIN GW_WHAT
+# The rate-limited gateways' one tenant. Rates are so high that nothing is ever rejected: the
+# benchmark measures the cost of a decision, not of a rejection (as nginx's limit_req zone).
+BENCH_API_KEY="pc-bench-$RUN_ID-0123456789abcdef"
+HUGE=1000000 # the limiter refuses rates over 1 per µs (1 000 000/s): it logs "invalid stored limit ignored" and skips the policy
+RL_BLOCK="[rate_limit]
+global = { rate = $HUGE, per = \"1s\", burst = $HUGE }
+
+[[tenants]]
+id = \"bench\"
+api_keys = [\"$BENCH_API_KEY\"]
+rate = $HUGE
+per = \"1s\"
+burst = $HUGE"
 # write_config NAME LISTEN IDEMPOTENCY_STORE ROUTE_IDEMPOTENCY(0/1) [UPSTREAM_PORT] [UPSTREAM_EXTRA]
+#              [STATE_STORE (memory)] [RATE_LIMIT (0/1)]
 # Writes $TMP/NAME.toml; sets GW_ADMIN[NAME] (admin port).
 write_config() {
-    local name=$1 listen=$2 store=$3 idem=$4 upstream=${5:-$UP} extra=${6:-}
+    local name=$1 listen=$2 store=$3 idem=$4 upstream=${5:-$UP} extra=${6:-} state=${7:-memory} rl=${8:-0}
     local admin
     pick_port admin "$ADMIN_NEXT"
     ADMIN_NEXT=$((admin + 1))
@@ -267,10 +291,11 @@ write_config() {
         echo "shutdown_grace = \"2s\""
         echo
         echo "[storage]"
-        echo "state = \"memory\""
+        echo "state = \"$state\""
         echo "idempotency = \"$store\""
         echo "database = \"sqlite://$TMP/$name.db\""
         echo
+        if [[ $rl == 1 ]]; then printf '%s\n\n' "$RL_BLOCK"; fi
         echo "[[upstreams]]"
         echo "name = \"backend\""
         echo "endpoints = [\"http://127.0.0.1:$upstream\"]"
@@ -298,11 +323,23 @@ write_config gw-pass "$GW_PASS" memory 0
 write_config gw-mem "$GW_MEM" memory 1
 write_config gw-redis "$GW_REDIS" "redis://127.0.0.1:$REDIS_PORT" 1
 write_config gw-pg "$GW_PG" "$PG_URL" 1
-log "portcullis: pass :$GW_PASS, memory :$GW_MEM, redis :$GW_REDIS, postgres :$GW_PG"
+REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+write_config gw-rl "$GW_RL" memory 0 "$UP" "" memory 1
+write_config gw-rl-mem "$GW_RL_MEM" memory 1 "$UP" "" memory 1
+write_config gw-rl-redis "$GW_RL_REDIS" "$REDIS_URL" 1 "$UP" "" "$REDIS_URL" 1
+log "portcullis: pass :$GW_PASS, memory :$GW_MEM, redis :$GW_REDIS, postgres :$GW_PG, rl-local :$GW_RL, rl-local+mem :$GW_RL_MEM, rl-redis+redis :$GW_RL_REDIS"
 start_gateway gw-pass "$GW_PASS" "GET pass-through"
 start_gateway gw-mem "$GW_MEM" "POST keyed (memory store) + unkeyed"
 start_gateway gw-redis "$GW_REDIS" "POST keyed (Redis store)"
 start_gateway gw-pg "$GW_PG" "POST keyed (PostgreSQL store)"
+start_gateway gw-rl "$GW_RL" "GET, local rate limit"
+start_gateway gw-rl-mem "$GW_RL_MEM" "POST keyed, local rate limit + memory store"
+start_gateway gw-rl-redis "$GW_RL_REDIS" "GET + POST keyed, Redis rate limit + Redis store"
+# The tenant key must be accepted (200, not 401) by every rate-limited gateway before we measure.
+for g in gw-rl:$GW_RL gw-rl-mem:$GW_RL_MEM gw-rl-redis:$GW_RL_REDIS; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H "Authorization: Bearer $BENCH_API_KEY" "http://127.0.0.1:${g#*:}/x")
+    [[ $code == 200 ]] || { echo "${g%%:*}: GET with the tenant key answered $code" >&2; tail -20 "$RAW/${g%%:*}.log" >&2; exit 1; }
+done
 JEMALLOC_SO=""
 if [[ $JEMALLOC == 1 ]]; then
     JEMALLOC_SO=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | sed -n 1p)
@@ -312,36 +349,74 @@ if [[ $JEMALLOC == 1 ]]; then
 fi
 
 # --------------------------------------------------------------------------- targets
-# name | group | url | method | per-request header
+# name | group | url | method | per-request header | "auth": send the tenant's API key
 TARGETS=(
     "direct|get|http://127.0.0.1:$UP/x|GET|"
     "nginx|get|http://127.0.0.1:$NGX_PROXY/x|GET|"
-    "nginx-limit|get|http://127.0.0.1:$NGX_LIMIT/x|GET|"
+    "nginx-limit|get|http://127.0.0.1:$NGX_LIMIT/x|GET||auth"
     "pc-pass|get|http://127.0.0.1:$GW_PASS/x|GET|"
-    $([[ $JEMALLOC == 1 ]] && echo "pc-pass-je|get|http://127.0.0.1:$GW_JE/x|GET|")
+    "pc-rl-local|get|http://127.0.0.1:$GW_RL/x|GET||auth"
+    "pc-rl-redis|get|http://127.0.0.1:$GW_RL_REDIS/x|GET||auth"
+    $([[ $JEMALLOC == 1 ]] && echo "pc-pass-je|get|http://127.0.0.1:$GW_JE/x|GET|" || true) # || true: set -e
     "direct-post|post|http://127.0.0.1:$UP/orders|POST|X-Bench-Seq"
     "nginx-post|post|http://127.0.0.1:$NGX_PROXY/orders|POST|X-Bench-Seq"
     "pc-unkeyed|post|http://127.0.0.1:$GW_MEM/orders|POST|X-Bench-Seq"
     "pc-keyed-mem|post|http://127.0.0.1:$GW_MEM/orders|POST|Idempotency-Key"
     "pc-keyed-redis|post|http://127.0.0.1:$GW_REDIS/orders|POST|Idempotency-Key"
     "pc-keyed-pg|post|http://127.0.0.1:$GW_PG/orders|POST|Idempotency-Key"
+    "nginx-limit-post|post|http://127.0.0.1:$NGX_LIMIT/orders|POST|X-Bench-Seq|auth"
+    "pc-rl-keyed-mem|post|http://127.0.0.1:$GW_RL_MEM/orders|POST|Idempotency-Key|auth"
+    "pc-rl-keyed-redis|post|http://127.0.0.1:$GW_RL_REDIS/orders|POST|Idempotency-Key|auth"
 )
-LAT_TARGETS=(direct nginx pc-pass nginx-post pc-unkeyed pc-keyed-mem)
+LAT_TARGETS=(direct nginx nginx-limit pc-pass pc-rl-local nginx-post pc-unkeyed pc-keyed-mem nginx-limit-post pc-rl-keyed-mem)
 
 printf 'phase\tround\ttarget\tgroup\trps\tp50_us\tp99_us\trequests\tnon2xx\terrors\n' >"$RAW/runs.tsv"
 
+printf 'round\twrk_requests\tgateway_requests\tredis_decisions\tevalsha\tredis_commands\n' >"$RAW/rl-redis-load.tsv"
+# gw_counter NAME METRIC: sum of every sample of METRIC on gateway NAME's /metrics.
+gw_counter() {
+    { curl -fs --max-time 5 "http://127.0.0.1:${GW_ADMIN[$1]}/metrics" || true; } | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $NF } END { printf "%.0f\n", s }'
+}
 # run_wrk PHASE ROUND SPEC SECONDS CONNS DELAY_MS
 run_wrk() {
     local phase=$1 round=$2 spec=$3 secs=$4 conns=$5 delay=$6
-    local name group url method hdr
-    IFS='|' read -r name group url method hdr <<<"$spec"
+    local name group url method hdr auth
+    IFS='|' read -r name group url method hdr auth <<<"$spec"
     local file=$RAW/$phase-r$round-$name.txt
+    # Redis commands per rate-limit decision under load: INFO commandstats and the gateway's
+    # request / Redis-decision counters around every pc-rl-redis throughput run.
+    local count=0 b_req b_dec
+    if [[ $name == pc-rl-redis && $phase == tput ]]; then
+        count=1
+        redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/rlload-r$round-before.txt"
+        b_req=$(gw_counter gw-rl-redis http_requests_total)
+        b_dec=$(gw_counter gw-rl-redis ratelimit_redis_decision_seconds_count)
+    fi
     BENCH_METHOD=$method BENCH_SEQ_HEADER=$hdr BENCH_KEY_PREFIX="$RUN_ID-$phase$round-$name" \
-        BENCH_DELAY_MS=$delay \
+        BENCH_DELAY_MS=$delay BENCH_AUTH=$([[ $auth == auth ]] && echo "$BENCH_API_KEY") \
         taskset -c "$CLIENT_CPU" timeout $((secs + 20)) \
         wrk -t1 -c"$conns" -d"${secs}s" --timeout 5s --latency -s "$BENCH/wrk/bench.lua" "$url" >"$file" 2>&1 || true
     printf '%s\t%s\t%s\t%s\t%s\n' "$phase" "$round" "$name" "$group" \
         "$(python3 "$BENCH/benchtool.py" parse-wrk "$file")" >>"$RAW/runs.tsv"
+    if [[ $count == 1 ]]; then
+        sleep 0.2 # let the requests wrk abandoned at the end finish
+        redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/rlload-r$round-after.txt"
+        local a_req a_dec evals cmds
+        a_req=$(gw_counter gw-rl-redis http_requests_total)
+        a_dec=$(gw_counter gw-rl-redis ratelimit_redis_decision_seconds_count)
+        IFS=$'\t' read -r evals cmds _ < <(python3 "$BENCH/benchtool.py" delta-cmdstats "$RAW/rlload-r$round-before.txt" "$RAW/rlload-r$round-after.txt" 1)
+        printf '%s\t%s\t%s\t%s\t%.0f\t%.0f\n' "$round" "$(tail -1 "$RAW/runs.tsv" | cut -f8)" $((a_req - b_req)) $((a_dec - b_dec)) "$evals" "$cmds" >>"$RAW/rl-redis-load.tsv"
+    fi
+    # RSS growth of the memory idempotency stores: VmRSS and the store's own accounting after
+    # every throughput run, against the cumulative number of keyed first executions.
+    if [[ $phase == tput && ( $name == pc-keyed-mem || $name == pc-rl-keyed-mem ) ]]; then
+        local g=gw-mem
+        [[ $name == pc-rl-keyed-mem ]] && g=gw-rl-mem
+        printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$round" \
+            "$(awk -F'\t' -v t="$name" '$3 == t { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")" \
+            "$(awk '/^VmRSS/ {print $2}' "/proc/${GW_PID[$g]}/status" 2>/dev/null || echo 0)" \
+            "$(gw_counter "$g" idempotency_stored_bytes)" >>"$RAW/mem-growth.tsv"
+    fi
     log "$phase r$round $name: $(grep -m1 Requests/sec "$file" | awk '{print $2}') req/s"
 }
 
@@ -374,16 +449,27 @@ done
 # --------------------------------------------------------------------------- store round trips
 BODY_FILE=$TMP/body.json
 printf '%s' '{"item":"book","qty":1,"note":"portcullis benchmark payload"}' >"$BODY_FILE"
-# keyed_batch PORT PREFIX N -> "<201 count> <replayed count>" (one keep-alive connection)
+# keyed_batch PORT PREFIX N [AUTH_KEY] -> "<201 count> <replayed count>" (one keep-alive connection)
 keyed_batch() {
-    local port=$1 prefix=$2 n=$3 cfg=$TMP/curl-$2.cfg i
+    local port=$1 prefix=$2 n=$3 key=${4:-} cfg=$TMP/curl-$2.cfg i
     : >"$cfg"
     for ((i = 1; i <= n; i++)); do
         printf 'url = "http://127.0.0.1:%s/orders"\nrequest = "POST"\nheader = "Idempotency-Key: %s-%d"\nheader = "Content-Type: application/json"\ndata-binary = "@%s"\noutput = "/dev/null"\nwrite-out = "%%{http_code} %%header{idempotent-replayed}\\n"\n' \
             "$port" "$prefix" "$i" "$BODY_FILE" >>"$cfg"
+        if [[ -n $key ]]; then printf 'header = "Authorization: Bearer %s"\n' "$key" >>"$cfg"; fi
         if ((i < n)); then echo "next" >>"$cfg"; fi
     done
     timeout 120 curl -s -K "$cfg" | awk '$1 == 201 { ok++ } $2 == "true" { rep++ } END { printf "%d %d\n", ok, rep }'
+}
+# get_batch PORT N KEY -> "<200 count> <429 count>" (N GETs with the tenant key, one connection)
+get_batch() {
+    local port=$1 n=$2 key=$3 cfg=$TMP/curl-get-$1.cfg i
+    : >"$cfg"
+    for ((i = 1; i <= n; i++)); do
+        printf 'url = "http://127.0.0.1:%s/x"\nheader = "Authorization: Bearer %s"\noutput = "/dev/null"\nwrite-out = "%%{http_code}\\n"\n' "$port" "$key" >>"$cfg"
+        if ((i < n)); then echo "next" >>"$cfg"; fi
+    done
+    timeout 120 curl -s -K "$cfg" | awk '$1 == 200 { ok++ } $1 == 429 { rej++ } END { printf "%d %d\n", ok, rej }'
 }
 segs() { ss -Htin state established "( sport = :$1 )" >"$2"; }
 
@@ -431,6 +517,40 @@ for phase in first replay; do
     echo "| PostgreSQL | $phase | ${got// / \/ } | $stmts | – | $segper | $detail |" >>"$OUT/roundtrips.md"
 done
 
+# Redis rate limiter: GETs (rate limit only), then keyed POSTs (rate limit + idempotency)
+{
+    echo
+    echo "### Redis commands per rate-limited request"
+    echo
+    echo "Through \`gw-rl-redis\` (\`storage.state\` = Redis: tenant + global bucket in one Lua script;"
+    echo "idempotency in the same Redis for POST/PATCH), $RT_N requests sequentially over one keep-alive"
+    echo "connection. *Decisions* = the gateway's \`ratelimit_redis_decision_seconds\` count. Goal (issues 3, 7):"
+    echo "exactly 1 Redis round trip (1 EVALSHA) per rate-limit decision; the idempotency store adds its own"
+    echo "2 (first execution) / 1 (replay), measured above."
+    echo
+    echo "| requests | answers 200-or-201 / 429 (or replayed) | Redis decisions per request | commands per request (incl. inside Lua) | EVALSHA per request | EVALSHA for the rate limit per request | segments into Redis per request | detail (per request) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---|"
+} >"$OUT/rl-roundtrips.md"
+for phase in get first replay; do
+    redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/rlredis-$phase-before.txt"
+    segs "$REDIS_PORT" "$RAW/rlredis-$phase-segs-before.txt"
+    d0=$(gw_counter gw-rl-redis ratelimit_redis_decision_seconds_count)
+    if [[ $phase == get ]]; then
+        got=$(get_batch "$GW_RL_REDIS" "$RT_N" "$BENCH_API_KEY") idem=0 what="GET (rate limit only)"
+    else
+        got=$(keyed_batch "$GW_RL_REDIS" "rt-$RUN_ID-rlredis" "$RT_N" "$BENCH_API_KEY")
+        if [[ $phase == first ]]; then idem=2 what="keyed POST, first execution"; else idem=1 what="keyed POST, replay"; fi
+    fi
+    d1=$(gw_counter gw-rl-redis ratelimit_redis_decision_seconds_count)
+    redis-cli -p "$REDIS_PORT" info commandstats >"$RAW/rlredis-$phase-after.txt"
+    segs "$REDIS_PORT" "$RAW/rlredis-$phase-segs-after.txt"
+    IFS=$'\t' read -r evals cmds detail < <(python3 "$BENCH/benchtool.py" delta-cmdstats "$RAW/rlredis-$phase-before.txt" "$RAW/rlredis-$phase-after.txt" "$RT_N")
+    IFS=$'\t' read -r segper _ < <(python3 "$BENCH/benchtool.py" delta-segs "$RAW/rlredis-$phase-segs-before.txt" "$RAW/rlredis-$phase-segs-after.txt" "$RT_N")
+    rl_evals=$(awk -v e="$evals" -v i="$idem" 'BEGIN { printf "%.2f", e - i }')
+    dec=$(awk -v a="$d0" -v b="$d1" -v n="$RT_N" 'BEGIN { printf "%.2f", (b - a) / n }')
+    echo "| $RT_N × $what | ${got// / \/ } | $dec | $cmds | $evals | $rl_evals | $segper | $detail |" >>"$OUT/rl-roundtrips.md"
+done
+
 # --------------------------------------------------------------------------- peak memory
 rss_line() { # NAME WHAT PID
     local hwm cur
@@ -439,7 +559,7 @@ rss_line() { # NAME WHAT PID
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "${hwm:-0}" "${cur:-0}"
 }
 {
-    for g in gw-pass gw-mem gw-redis gw-pg; do rss_line "portcullis $g" "${GW_WHAT[$g]}" "${GW_PID[$g]}"; done
+    for g in gw-pass gw-mem gw-redis gw-pg gw-rl gw-rl-mem gw-rl-redis; do rss_line "portcullis $g" "${GW_WHAT[$g]}" "${GW_PID[$g]}"; done
     if [[ $JEMALLOC == 1 ]]; then rss_line "portcullis gw-pass-je" "${GW_WHAT[gw-pass-je]}" "${GW_PID[gw-pass-je]}"; fi
     rss_line "nginx worker" "GET + POST proxy_pass, limit_req" "$NGX_WORKER"
     rss_line "bench-upstream" "every target" "$UP_PID"
@@ -453,7 +573,7 @@ if [[ $PROFILE == 1 ]]; then
     ctxsw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'; }
     HZ=$(getconf CLK_TCK)
     {
-        echo "### Where the time goes (pass-through GET, wrk -c$CONNS, 4 s per measurement)"
+        echo "### Where the time goes (wrk -c$CONNS, 4 s per measurement)"
         echo
         echo "CPU time from \`/proc/PID/stat\` (utime+stime, all threads) over a saturated 4 s run;"
         echo "syscalls from \`strace -c -f -p PID\` over a 3 s run (strace slows the process; the counts per"
@@ -462,7 +582,8 @@ if [[ $PROFILE == 1 ]]; then
         echo "| proxy | req/s | proxy CPU µs/req | backend CPU µs/req | proxy context switches/req | backend context switches/req | proxy syscalls/req | top syscalls (per request) |"
         echo "|---|---:|---:|---:|---:|---:|---:|---|"
     } >"$OUT/profile.md"
-    PAIRS=("nginx:$NGX_WORKER" "pc-pass:${GW_PID[gw-pass]}")
+    PAIRS=("nginx:$NGX_WORKER" "pc-pass:${GW_PID[gw-pass]}" "pc-rl-local:${GW_PID[gw-rl]}"
+        "nginx-limit-post:$NGX_WORKER" "pc-rl-keyed-mem:${GW_PID[gw-rl-mem]}")
     [[ $JEMALLOC == 1 ]] && PAIRS+=("pc-pass-je:${GW_PID[gw-pass-je]}")
     for pair in "${PAIRS[@]}"; do
         t=${pair%%:*} pid=${pair#*:}
@@ -575,7 +696,7 @@ PY
 fi
 
 # --------------------------------------------------------------------------- store memory
-for g in gw-pass gw-mem gw-redis gw-pg; do
+for g in gw-pass gw-mem gw-redis gw-pg gw-rl gw-rl-mem gw-rl-redis; do
     curl -fs --max-time 5 "http://127.0.0.1:${GW_ADMIN[$g]}/metrics" >"$RAW/metrics-$g.txt" || true
 done
 redis-cli -p "$REDIS_PORT" info memory >"$RAW/redis-memory.txt" 2>/dev/null || true
@@ -583,6 +704,10 @@ redis-cli -p "$REDIS_PORT" info memory >"$RAW/redis-memory.txt" 2>/dev/null || t
     echo "keyed_mem_requests=$(awk -F'\t' '$3 == "pc-keyed-mem" { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")"
     echo "mem_stored_bytes=$(awk '/^idempotency_stored_bytes/ { print $NF }' "$RAW/metrics-gw-mem.txt" | sed -n 1p)"
     echo "mem_evictions=$(awk '/^idempotency_evictions_total/ { s += $NF } END { print s + 0 }' "$RAW/metrics-gw-mem.txt")"
+    echo "rl_mem_keyed_requests=$(awk -F'\t' '$3 == "pc-rl-keyed-mem" { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")"
+    echo "rl_mem_stored_bytes=$(awk '/^idempotency_stored_bytes/ { print $NF }' "$RAW/metrics-gw-rl-mem.txt" | sed -n 1p)"
+    echo "rl_rejected=$(cat "$RAW"/metrics-gw-rl*.txt | awk '/^ratelimit_decisions_total/ && /outcome="rejected"/ { s += $NF } END { print s + 0 }')"
+    echo "rl_fallback=$(cat "$RAW"/metrics-gw-rl*.txt | awk '/^ratelimit_fallback_decisions_total/ { s += $NF } END { print s + 0 }')"
     echo "redis_keys=$(redis-cli -p "$REDIS_PORT" dbsize 2>/dev/null)"
     echo "redis_used_memory=$(awk -F: '/^used_memory:/ { print $2 }' "$RAW/redis-memory.txt" | tr -d '\r')"
     echo "pg_records=$(psql_ -c 'select count(*) from idempotency_records' 2>/dev/null)"

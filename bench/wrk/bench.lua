@@ -8,6 +8,9 @@
 --   BENCH_KEY_PREFIX  run-unique prefix of that value (keys never repeat across runs)
 --   BENCH_DELAY_MS    > 0: wait this long before each request on a connection (paced load,
 --                     offered rate ~= connections * 1000 / BENCH_DELAY_MS)
+--   BENCH_AUTH        non-empty: send "Authorization: Bearer <BENCH_AUTH>" (a tenant's API key
+--                     for the rate-limit targets; nginx targets compared with them get the same
+--                     header so the requests are the same size)
 --
 -- The POST body is fixed (62 bytes of JSON).
 
@@ -15,6 +18,7 @@ local method = os.getenv("BENCH_METHOD") or "GET"
 local seq_header = os.getenv("BENCH_SEQ_HEADER") or ""
 local prefix = os.getenv("BENCH_KEY_PREFIX") or "k"
 local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "0") or 0
+local auth = os.getenv("BENCH_AUTH") or ""
 
 local nthreads = 0
 function setup(thread)
@@ -23,6 +27,9 @@ function setup(thread)
 end
 
 wrk.method = method
+if auth ~= "" then
+   wrk.headers["Authorization"] = "Bearer " .. auth
+end
 if method == "POST" then
    wrk.body = '{"item":"book","qty":1,"note":"portcullis benchmark payload"}'
    wrk.headers["Content-Type"] = "application/json"
