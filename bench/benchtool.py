@@ -322,6 +322,9 @@ def summarize(outdir):
 
     _rate_limit_section(w, rows, raw, meta)
 
+    write_latency_svg(os.path.join(outdir, "latency.svg"), rows)
+    w("\n![Latency percentiles by mode](latency.svg)\n")
+
     rss = os.path.join(raw, "rss.tsv")
     if os.path.exists(rss):
         w("\n### Peak memory (VmHWM at the end of the run)\n")
@@ -391,6 +394,54 @@ def summarize(outdir):
             with open(p, encoding="utf-8") as f:
                 w("\n" + f.read().rstrip("\n"))
     print("\n".join(out))
+
+
+def write_latency_svg(path, rows):
+    """Latency percentiles by mode as an SVG bar chart (no plotting library needed): for each
+    phase, one row per target with its median p50 and p99 over rounds, on a log scale."""
+    import math
+
+    phases = [("tput", "closed loop, wrk -c64"), ("lat", "equal offered load (paced)")]
+    blocks = []
+    for phase, label in phases:
+        prow = [r for r in rows if r["phase"] == phase]
+        targets = []
+        for r in prow:
+            if r["target"] not in targets:
+                targets.append(r["target"])
+        if targets:
+            stats = [(t, _median([r["p50"] for r in prow if r["target"] == t]),
+                      _median([r["p99"] for r in prow if r["target"] == t])) for t in targets]
+            blocks.append((label, stats))
+    if not blocks:
+        return
+    lo, hi = 50.0, max(p99 for _, stats in blocks for _, _, p99 in stats) * 1.5
+    left, width, row_h = 150, 560, 26
+    def x(us):
+        us = max(lo, us)
+        return left + width * (math.log10(us) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+    height = 60 + sum(40 + row_h * len(stats) for _, stats in blocks)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 120}" height="{height}" '
+           'font-family="sans-serif" font-size="12">',
+           '<text x="10" y="20" font-size="15">Latency by mode: p50 (dark) and p99 (light), µs, log scale</text>']
+    y = 40
+    for label, stats in blocks:
+        out.append(f'<text x="10" y="{y + 14}" font-weight="bold">{label}</text>')
+        y += 24
+        for t, p50, p99 in stats:
+            out.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{t}</text>')
+            out.append(f'<rect x="{left}" y="{y + 3}" width="{x(p99) - left:.1f}" height="16" fill="#9ecae1"/>')
+            out.append(f'<rect x="{left}" y="{y + 7}" width="{x(p50) - left:.1f}" height="8" fill="#3182bd"/>')
+            out.append(f'<text x="{x(p99) + 4:.1f}" y="{y + 15}">{p50:,.0f} / {p99:,.0f}</text>')
+            y += row_h
+        y += 16
+    for tick in (100, 1000, 10000, 100000):
+        if lo <= tick <= hi:
+            out.append(f'<line x1="{x(tick):.1f}" y1="30" x2="{x(tick):.1f}" y2="{height - 10}" stroke="#ccc"/>')
+            out.append(f'<text x="{x(tick):.1f}" y="{height - 2}" text-anchor="middle" fill="#666">{tick:,} µs</text>')
+    out.append("</svg>")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out))
 
 
 def _same_round(rows, phase, a, b, key="rps"):
