@@ -126,7 +126,12 @@ impl<E: UpstreamFailure> RetryError<E> {
     /// idempotent or its upstream dedupes on the key, where releasing the key is harmless.
     pub fn is_provably_unprocessed(&self) -> bool {
         match self {
-            Self::Upstream(e) => super::classify::is_provably_unprocessed(e.kind()),
+            // A rejected certificate ends the handshake before any request byte: never
+            // retried (it may be an attack), but the idempotency key can be released.
+            Self::Upstream(e) => {
+                super::classify::is_provably_unprocessed(e.kind())
+                    || matches!(e.kind(), FailureKind::TlsCertificate)
+            }
             Self::AttemptTimeout { .. } => false,
             Self::DeadlineExceeded | Self::BreakerOpen { .. } | Self::RequestBody(_) => true,
         }

@@ -293,7 +293,8 @@ async fn error_query_methods() {
         (
             up(FailureKind::TlsCertificate),
             502,
-            false,
+            // The handshake failed before any request byte: the key may be released.
+            true,
             problem::UPSTREAM_FAILED,
         ),
         (
