@@ -34,8 +34,10 @@ pub mod retry;
 pub mod router;
 pub mod server;
 pub mod shed;
+pub mod smuggling;
 pub mod stack;
 pub mod tenant;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -75,6 +77,14 @@ pub enum StartError {
     /// A Redis URL could not be used.
     #[error("storage: invalid Redis URL: {0}")]
     Redis(#[from] redis::RedisError),
+    /// A listener's TLS configuration could not be built.
+    #[error("{what}: {source}")]
+    Tls {
+        /// Which listener's TLS table.
+        what: &'static str,
+        /// rustls' reason.
+        source: rustls::Error,
+    },
 }
 
 /// Starts everything the configuration asks for and serves until `shutdown` resolves; then
@@ -158,6 +168,21 @@ pub async fn run(
 
     let listener = bind(config.server.listen, "server.listen").await?;
     let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+    let options = serve_options(&config, config.server.tls.as_ref(), "server.tls")?;
+    let admin_options = serve_options(
+        &config,
+        config.server.admin_tls.as_ref(),
+        "server.admin_tls",
+    )?;
+    // Certificates reload on SIGHUP and on file change until the proxy listener has drained.
+    let reloadable = [&config.server.tls, &config.server.admin_tls];
+    let mut reload_rx = stop_rx.clone();
+    tokio::spawn(tls::watch(
+        reloadable.into_iter().flatten().cloned().collect(),
+        async move {
+            let _ = reload_rx.wait_for(|stop| *stop).await;
+        },
+    ));
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
 
     let admin_app = admin_router(
@@ -173,20 +198,13 @@ pub async fn run(
         let stopped = async move {
             let _ = admin_rx.wait_for(|stop| *stop).await;
         };
-        if let Err(err) = axum::serve(admin_listener, admin_app)
-            .with_graceful_shutdown(stopped)
-            .await
-        {
-            tracing::warn!(%err, "admin listener stopped");
-        }
+        // The same accept loop as the proxy listener, so the admin listener gets TLS (its
+        // own certificate), HTTP/2 and the same slow-client bounds.
+        let admin_service = server::HttpService::new(admin_app);
+        server::serve(admin_listener, admin_service, admin_options, stopped).await;
     });
 
     let drain_health = health.clone();
-    let options = ServeOptions {
-        header_read_timeout: config.server.header_read_timeout,
-        max_header_bytes: config.server.max_header_bytes,
-        shutdown_grace: config.server.shutdown_grace,
-    };
     server::serve(listener, service, options, async move {
         shutdown.await;
         tracing::info!("shutdown requested");
@@ -237,6 +255,26 @@ fn admin_router(
         token: token.clone(),
         routes,
     }))
+}
+
+/// Listener settings from `[server]`, terminating TLS with `cert` when configured.
+fn serve_options(
+    config: &Config,
+    cert: Option<&Arc<tls::ReloadableCert>>,
+    what: &'static str,
+) -> Result<ServeOptions, StartError> {
+    let tls = cert
+        .map(|cert| tls::acceptor(cert.clone()))
+        .transpose()
+        .map_err(|source| StartError::Tls { what, source })?;
+    Ok(ServeOptions {
+        header_read_timeout: config.server.header_read_timeout,
+        max_header_bytes: config.server.max_header_bytes,
+        shutdown_grace: config.server.shutdown_grace,
+        h2c: config.server.h2c,
+        http2: config.server.http2,
+        tls,
+    })
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {

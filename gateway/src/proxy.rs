@@ -1,5 +1,7 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
 //! endpoints, bodies streamed both ways, hop-by-hop headers removed, `X-Forwarded-*` set.
+//! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
+//! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
 //!
 //! One call is one attempt, with no timeout of its own beyond connecting. Retries, backoff and breakers belong to the retry layer above;
 //! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
@@ -25,9 +27,12 @@ use crate::config::UpstreamSettings;
 use crate::forwarded::{PeerAddr, TrustedProxies};
 use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
+use crate::server::ClientTls;
 
+mod connector;
 mod error;
 
+pub use connector::{TlsConnector, UpstreamIo};
 pub use error::{ProxyError, ProxyErrorKind};
 
 /// Idle pooled connections are closed after this long (below common backend keep-alive
@@ -40,7 +45,15 @@ pub struct Upstream {
     name: Arc<str>,
     endpoints: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
-    client: Client<HttpConnector, Body>,
+    client: Pool,
+}
+
+/// The connection pool of an upstream. Plain upstreams keep the bare `HttpConnector`
+/// client, so TLS support adds nothing to their per-request path.
+#[derive(Debug)]
+enum Pool {
+    Plain(Client<HttpConnector, Body>),
+    Tls(Client<TlsConnector, Body>),
 }
 
 // === impl Upstream ===
@@ -52,10 +65,20 @@ impl Upstream {
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_max_idle_per_host(settings.pool_max_idle)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+            // Prior knowledge on http://; on https:// ALPN offers only h2 (see crate::tls).
+            .http2_only(settings.http2);
+        let client = match &settings.tls {
+            None => Pool::Plain(builder.build(connector)),
+            Some(tls) => Pool::Tls(builder.build(TlsConnector::new(
+                connector,
+                tls,
+                settings.tls_handshake_timeout,
+            ))),
+        };
         let endpoints = settings
             .endpoints
             .iter()
@@ -129,11 +152,11 @@ impl Service<Request<Body>> for Proxy {
         async move {
             let request = prepared?;
             // The attempt timeout is the retry layer's: it also knows the request deadline.
-            let response = upstream
-                .client
-                .request(request)
-                .await
-                .map_err(|err| ProxyError::from_client(err, index))?;
+            let response = match &upstream.client {
+                Pool::Plain(client) => client.request(request).await,
+                Pool::Tls(client) => client.request(request).await,
+            }
+            .map_err(|err| ProxyError::from_client(err, index))?;
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.extensions.insert(ServedBy(index));
@@ -160,6 +183,12 @@ fn prepare(
         &route.0.settings.prefix,
         route.0.settings.strip_prefix,
     );
+    let client_tls = parts.extensions.get::<ClientTls>().is_some();
+    // HTTP/2 clients send :authority instead of Host.
+    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        let authority = parts.uri.authority()?;
+        HeaderValue::from_str(authority.as_str()).ok()
+    });
     parts.uri = Uri::from_parts({
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(scheme);
@@ -170,7 +199,6 @@ fn prepare(
     .map_err(|_| ProxyError::new(ProxyErrorKind::NoRoute, Some(index)))?;
     parts.version = http::Version::HTTP_11;
 
-    let original_host = parts.headers.get(header::HOST).cloned();
     strip_hop_by_hop(&mut parts.headers);
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
         parts.headers.insert(header::HOST, host);
@@ -184,9 +212,10 @@ fn prepare(
         let proto_trusted =
             trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_PROTO);
         if !proto_trusted {
+            let proto = if client_tls { "https" } else { "http" };
             parts
                 .headers
-                .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+                .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
         }
         if !(trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_HOST)) {
             match original_host {

@@ -82,6 +82,28 @@ impl IntoProblem for ProxyError {
                 "Upstream unreachable",
                 format!("the gateway could not connect to the upstream; {endpoint_note}"),
             ),
+            ProxyErrorKind::TlsHandshakeTimeout => Problem::with_type(
+                StatusCode::GATEWAY_TIMEOUT,
+                crate::retry::problem::UPSTREAM_TIMEOUT,
+                "Upstream TLS handshake timed out",
+                format!("the TLS handshake with the upstream did not finish in time; {endpoint_note}"),
+            ),
+            ProxyErrorKind::TlsHandshake => Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                "Upstream TLS handshake failed",
+                format!("the TLS handshake with the upstream failed; {endpoint_note}"),
+            ),
+            ProxyErrorKind::TlsCertificate => {
+                let reason = self.certificate_reason().unwrap_or_else(|| "unknown".to_owned());
+                Problem::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-certificate",
+                    "Upstream certificate rejected",
+                    format!("upstream certificate rejected: {reason}. Certificate errors are never retried: they may be an attack or a misconfiguration"),
+                )
+                .with("reason", reason)
+            }
             ProxyErrorKind::ResetAfterSent | ProxyErrorKind::Other => Problem::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",

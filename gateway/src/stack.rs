@@ -51,6 +51,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let pipeline = ServiceBuilder::new()
         .layer(ObserveLayer) // metrics + access log, outermost so every answer is counted
         .layer(RequestIdLayer) // X-Request-Id in and out
+        .layer(crate::smuggling::SmugglingLayer) // conflicting Content-Length / Transfer-Encoding → 400, connection closed
         .layer(LimitsLayer::new(
             config.server.max_body_bytes,
             config.server.max_header_bytes,

@@ -40,3 +40,7 @@ mod cluster_script;
 mod admin_api;
 // Daily/monthly quotas: enforced until UTC midnight, reset and top-up via the admin API.
 mod quota_periods;
+// Edge TLS and HTTP/2 from clients: h2 + HTTP/1.1 headers, certificate rotation, admin certificate, h2 limits, smuggling.
+mod tls_edge;
+// HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
+mod tls_upstream;

@@ -10,6 +10,7 @@ mod backend;
 mod duration;
 mod error;
 pub mod raw;
+mod tls;
 mod upstream;
 mod validate;
 
@@ -23,6 +24,7 @@ pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend}
 pub use duration::HumanDuration;
 pub use error::{ConfigError, ConfigIssue};
 use raw::RawConfig;
+pub use tls::{Http2Settings, UpstreamTls, DEFAULT_TLS_HANDSHAKE_TIMEOUT};
 
 /// Environment variable holding the admin API bearer token.
 pub const ENV_ADMIN_TOKEN: &str = "PORTCULLIS_ADMIN_TOKEN";
@@ -117,6 +119,14 @@ pub struct ServerSettings {
     pub log_format: LogFormat,
     /// Runtime worker threads (0 = per core).
     pub worker_threads: usize,
+    /// HTTP/2 prior knowledge on the plain listener.
+    pub h2c: bool,
+    /// HTTP/2 limits toward clients.
+    pub http2: Http2Settings,
+    /// Proxy listener certificate; `None` → plain HTTP.
+    pub tls: Option<Arc<crate::tls::ReloadableCert>>,
+    /// Admin listener certificate; `None` → plain HTTP.
+    pub admin_tls: Option<Arc<crate::tls::ReloadableCert>>,
 }
 
 /// Log output format.
@@ -198,7 +208,7 @@ pub struct TenantSettings {
 pub struct UpstreamSettings {
     /// Name.
     pub name: String,
-    /// Endpoint base URIs (`http://host:port`).
+    /// Endpoint base URIs (`http://host:port` or `https://host:port`).
     pub endpoints: Vec<http::Uri>,
     /// Connect timeout.
     pub connect_timeout: Duration,
@@ -214,6 +224,12 @@ pub struct UpstreamSettings {
     pub circuit_breaker: BreakerConfig,
     /// Idle pooled connections per endpoint.
     pub pool_max_idle: usize,
+    /// TLS client configuration, when an endpoint is `https://`.
+    pub tls: Option<UpstreamTls>,
+    /// Bound on the TLS handshake (after TCP connect).
+    pub tls_handshake_timeout: Duration,
+    /// Speak HTTP/2 to this upstream.
+    pub http2: bool,
 }
 
 /// What a duplicate in flight gets.

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
+pub use super::tls::{RawHttp2, RawListenerTls, RawUpstreamTls};
 
 /// Default proxy listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -73,6 +74,14 @@ pub struct RawServer {
     pub log_format: String,
     /// Tokio worker threads (0 = one per core).
     pub worker_threads: usize,
+    /// Serve HTTP/2 with prior knowledge (h2c) on the plain listener, besides HTTP/1.1.
+    pub h2c: bool,
+    /// HTTP/2 limits toward clients.
+    pub http2: RawHttp2,
+    /// TLS on the proxy listener; absent → plain HTTP.
+    pub tls: Option<RawListenerTls>,
+    /// TLS on the admin listener, with its own certificate; absent → plain HTTP.
+    pub admin_tls: Option<RawListenerTls>,
 }
 
 impl Default for RawServer {
@@ -89,6 +98,10 @@ impl Default for RawServer {
             body_read_timeout: HumanDuration::secs(30),
             log_format: "human".into(),
             worker_threads: 0,
+            h2c: true,
+            http2: RawHttp2::default(),
+            tls: None,
+            admin_tls: None,
         }
     }
 }
@@ -210,6 +223,15 @@ pub struct RawUpstream {
     /// Idle keep-alive connections kept per endpoint.
     #[serde(default = "default_pool_idle")]
     pub pool_max_idle: usize,
+    /// Verification and client certificate for `https://` endpoints.
+    #[serde(default)]
+    pub tls: Option<RawUpstreamTls>,
+    /// Bound on the TLS handshake after TCP connect; retryable when it fires.
+    #[serde(default = "default_tls_handshake_timeout")]
+    pub tls_handshake_timeout: HumanDuration,
+    /// Speak HTTP/2 to the upstream: prior knowledge (h2c) on http://, ALPN h2 on https://.
+    #[serde(default)]
+    pub http2: bool,
 }
 
 fn default_connect_timeout() -> HumanDuration {
@@ -220,6 +242,9 @@ fn default_attempt_timeout() -> HumanDuration {
 }
 fn default_pool_idle() -> usize {
     256
+}
+fn default_tls_handshake_timeout() -> HumanDuration {
+    super::tls::DEFAULT_TLS_HANDSHAKE_TIMEOUT
 }
 
 /// `retry = { … }` on an upstream or route.

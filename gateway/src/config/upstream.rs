@@ -26,10 +26,10 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
     if raw.endpoints.is_empty() {
         issues.push(
             format!("{path}.endpoints"),
-            "is empty: at least one \"http://host:port\" is required",
+            "is empty: at least one \"http://host:port\" or \"https://host:port\" is required",
         );
     }
-    let endpoints = raw
+    let endpoints: Vec<http::Uri> = raw
         .endpoints
         .iter()
         .enumerate()
@@ -90,6 +90,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         report(issues, &format!("{path}.circuit_breaker"), err);
         BreakerConfig::default()
     });
+    let tls = super::tls::upstream_tls(path, raw, &endpoints, issues);
     UpstreamSettings {
         name: raw.name.clone(),
         endpoints,
@@ -100,6 +101,9 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         budget,
         circuit_breaker,
         pool_max_idle: raw.pool_max_idle,
+        tls,
+        tls_handshake_timeout: raw.tls_handshake_timeout.get(),
+        http2: raw.http2,
     }
 }
 
@@ -173,9 +177,9 @@ fn endpoint(text: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = text
         .parse()
         .map_err(|e| format!("= {text:?}: not a URI ({e})"))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(format!(
-            "= {text:?}: allowed scheme \"http\" (https upstreams arrive with edge TLS)"
+            "= {text:?}: allowed schemes \"http\" and \"https\""
         ));
     }
     if uri.authority().is_none() {

@@ -3,6 +3,7 @@
 use crate::body_timeout::is_body_timeout;
 use crate::limits::is_body_limit_error;
 use crate::retry::{FailureKind, UpstreamFailure};
+use crate::tls::{certificate_failure, TlsConnectError};
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +15,14 @@ pub enum ProxyErrorKind {
     ConnectTimeout,
     /// Name resolution failed: nothing was sent.
     Dns,
+    /// The TLS handshake did not finish within `tls_handshake_timeout`: nothing was sent.
+    TlsHandshakeTimeout,
+    /// The TLS handshake failed for a reason other than a certificate (reset, protocol or
+    /// version mismatch): nothing was sent.
+    TlsHandshake,
+    /// A certificate was rejected — the upstream's by the gateway, or the gateway's client
+    /// certificate by the upstream. Never retried (seed 002 R-9).
+    TlsCertificate,
     /// The connection broke after the request (or part of it) was written.
     ResetAfterSent,
     /// The client's body exceeded the limit while streaming.
@@ -65,6 +74,12 @@ impl ProxyError {
         self.kind
     }
 
+    /// For [`ProxyErrorKind::TlsCertificate`]: the verdict, e.g. `UnknownIssuer`.
+    pub fn certificate_reason(&self) -> Option<String> {
+        let source: &(dyn std::error::Error + 'static) = self.source.as_deref()?;
+        certificate_failure(source)
+    }
+
     /// The endpoint the attempt went to.
     pub fn endpoint(&self) -> Option<usize> {
         self.endpoint
@@ -77,6 +92,8 @@ impl ProxyError {
             ProxyErrorKind::ConnectRefused
                 | ProxyErrorKind::ConnectTimeout
                 | ProxyErrorKind::Dns
+                | ProxyErrorKind::TlsHandshakeTimeout
+                | ProxyErrorKind::TlsHandshake
                 | ProxyErrorKind::NoRoute
         )
     }
@@ -92,7 +109,18 @@ fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
     if is_client_body_error(err) {
         return ProxyErrorKind::BadClientBody;
     }
+    // A certificate verdict, during the handshake or (TLS 1.3 client certificates) on the
+    // first read after it.
+    if certificate_failure(err).is_some() {
+        return ProxyErrorKind::TlsCertificate;
+    }
     if err.is_connect() {
+        if let Some(tls) = find::<TlsConnectError>(err) {
+            return match tls {
+                TlsConnectError::HandshakeTimeout(_) => ProxyErrorKind::TlsHandshakeTimeout,
+                _ => ProxyErrorKind::TlsHandshake,
+            };
+        }
         let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
         while let Some(e) = current {
             if let Some(io) = e.downcast_ref::<std::io::Error>() {
@@ -120,6 +148,11 @@ impl UpstreamFailure for ProxyError {
             ProxyErrorKind::ConnectRefused => FailureKind::ConnectRefused,
             ProxyErrorKind::ConnectTimeout => FailureKind::ConnectTimeout,
             ProxyErrorKind::Dns => FailureKind::Dns,
+            ProxyErrorKind::TlsHandshakeTimeout => FailureKind::TlsHandshakeTimeout,
+            // Nothing was sent; a reset or a transient refusal during the handshake is as
+            // safe to retry as a reset before sending.
+            ProxyErrorKind::TlsHandshake => FailureKind::ResetBeforeSent,
+            ProxyErrorKind::TlsCertificate => FailureKind::TlsCertificate,
             ProxyErrorKind::ResetAfterSent => FailureKind::ResetAfterSent,
             // The client's own body or a local assembly error: never worth a retry.
             ProxyErrorKind::BodyTooLarge
@@ -148,4 +181,18 @@ fn is_client_body_error(err: &(dyn std::error::Error + 'static)) -> bool {
         current = e.source();
     }
     false
+}
+
+/// The first error of type `T` in `err`'s cause chain.
+fn find<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
 }

@@ -19,6 +19,7 @@ pub struct GatewayProcess {
     pub admin_addr: SocketAddr,
     guard: ChildGuard,
     dir: tempfile::TempDir,
+    tls_ca: Option<String>,
 }
 
 /// Options for [`GatewayProcess::start_with`].
@@ -30,6 +31,9 @@ pub struct GatewayOptions {
     pub listen: Option<SocketAddr>,
     /// Fixed admin address; free port when `None`.
     pub admin_listen: Option<SocketAddr>,
+    /// The proxy listener terminates TLS with a certificate from this CA (PEM): health
+    /// checks go over TLS and [`GatewayProcess::url`] is `https://`.
+    pub tls_ca: Option<String>,
 }
 
 // === impl GatewayProcess ===
@@ -66,6 +70,7 @@ impl GatewayProcess {
                 admin_addr,
                 guard,
                 dir,
+                tls_ca: options.tls_ca.clone(),
             };
             if gateway.wait_listening().await && gateway.wait_healthy().await {
                 return gateway;
@@ -97,7 +102,11 @@ impl GatewayProcess {
     /// when the process exited.
     pub async fn wait_healthy(&self) -> bool {
         for _ in 0..READY_ATTEMPTS {
-            if let Some(status) = raw_get_status(self.addr, "/healthz").await {
+            let status = match &self.tls_ca {
+                None => raw_get_status(self.addr, "/healthz").await,
+                Some(ca) => crate::tls::tls_get_status(self.addr, ca, "/healthz").await,
+            };
+            if let Some(status) = status {
                 if status == 200 {
                     return true;
                 }
@@ -107,9 +116,14 @@ impl GatewayProcess {
         false
     }
 
-    /// `http://ADDR` of the proxy listener.
+    /// `http://ADDR` of the proxy listener (`https://` when it terminates TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// `http://ADDR` of the admin listener.

@@ -25,10 +25,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod gateway;
+pub mod h2frames;
 pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod tls;
 pub mod upstream;
 
 pub use process::ChildGuard;

@@ -1,5 +1,6 @@
-//! A scripted upstream: a real HTTP/1.1 server on loopback that answers from a script and
-//! records every hit, so tests can count executions and read attempt timing.
+//! A scripted upstream: a real HTTP/1.1 and HTTP/2 server on loopback (optionally behind
+//! TLS) that answers from a script and records every hit, so tests can count executions,
+//! connections and handshakes, and read attempt timing.
 //!
 //! Hits are stamped with real monotonic time (`std::time::Instant`): the gateway under test is
 //! another process, so its waits can only be observed in real time, as the upstream sees them.
@@ -8,6 +9,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 /// Upper bound on any stall, so a forgotten upstream never keeps a test alive.
 pub const MAX_STALL: Duration = Duration::from_secs(60);
@@ -102,6 +105,8 @@ pub struct Hit {
     pub at: std::time::Instant,
     /// Request method.
     pub method: Method,
+    /// HTTP version the request arrived with.
+    pub version: http::Version,
     /// Request URI (path and query).
     pub uri: Uri,
     /// Request headers.
@@ -117,6 +122,8 @@ struct State {
     script: Mutex<VecDeque<Step>>,
     fallback: Mutex<Step>,
     hits: Mutex<Vec<Hit>>,
+    connections: AtomicUsize,
+    handshakes: AtomicUsize,
 }
 
 /// A running scripted upstream; stops when dropped.
@@ -125,6 +132,7 @@ pub struct ScriptedUpstream {
     addr: SocketAddr,
     state: Arc<State>,
     task: JoinHandle<()>,
+    scheme: &'static str,
 }
 
 // === impl ScriptedUpstream ===
@@ -137,6 +145,16 @@ impl ScriptedUpstream {
 
     /// Starts on a free loopback port; answers `script` in order, then `fallback` forever.
     pub async fn start_with_fallback(script: Vec<Step>, fallback: Step) -> Self {
+        Self::spawn(script, fallback, None).await
+    }
+
+    /// Starts behind TLS with `config` (see [`crate::tls::server_config`]); answers `script`
+    /// in order, then `200 ok`. HTTP/1.1 or HTTP/2, as ALPN or the client's preface says.
+    pub async fn start_tls(script: Vec<Step>, config: Arc<rustls::ServerConfig>) -> Self {
+        Self::spawn(script, Step::ok("ok"), Some(TlsAcceptor::from(config))).await
+    }
+
+    async fn spawn(script: Vec<Step>, fallback: Step, tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind scripted upstream");
@@ -145,14 +163,32 @@ impl ScriptedUpstream {
             script: Mutex::new(script.into()),
             fallback: Mutex::new(fallback),
             hits: Mutex::new(Vec::new()),
+            connections: AtomicUsize::new(0),
+            handshakes: AtomicUsize::new(0),
         });
-        let task = tokio::spawn(accept_loop(listener, state.clone()));
-        Self { addr, state, task }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let task = tokio::spawn(accept_loop(listener, state.clone(), tls));
+        Self {
+            addr,
+            state,
+            task,
+            scheme,
+        }
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// TLS handshakes completed so far (0 without TLS).
+    pub fn handshakes(&self) -> usize {
+        self.state.handshakes.load(Ordering::SeqCst)
     }
 
     /// The listening address.
@@ -187,18 +223,37 @@ impl Drop for ScriptedUpstream {
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+async fn accept_loop(listener: TcpListener, state: Arc<State>, tls: Option<TlsAcceptor>) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        state.connections.fetch_add(1, Ordering::SeqCst);
         let state = state.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(req, state.clone()));
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let service = {
+                let state = state.clone();
+                hyper::service::service_fn(move |req| handle(req, state.clone()))
+            };
+            match tls {
+                None => {
+                    let _ = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+                Some(acceptor) => {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    state.handshakes.fetch_add(1, Ordering::SeqCst);
+                    let _ = builder
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                }
+            }
         });
         // Reap finished connection tasks so the set stays small.
         while connections.try_join_next().is_some() {}
@@ -243,6 +298,7 @@ async fn handle(
     state.hits.lock().expect("hits lock").push(Hit {
         at,
         method: parts.method.clone(),
+        version: parts.version,
         uri: parts.uri.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),

@@ -1,0 +1,95 @@
+//! The reload task: SIGHUP, or a changed file, swaps listener certificates in place.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::listener::{ReloadOutcome, ReloadableCert};
+
+/// How often the certificate files are checked for changes. One `stat` per file per second
+/// is negligible, and a rotation tool's rename is picked up within this bound.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Reloads `certs` on SIGHUP and whenever their files change, until `stop` resolves.
+///
+/// The handler for SIGHUP is installed even without certificates, so a HUP sent out of habit
+/// (as to nginx) logs "nothing to reload" instead of terminating the gateway.
+pub async fn watch(certs: Vec<Arc<ReloadableCert>>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut hangup = hangup_signal();
+    let mut poll = tokio::time::interval(POLL_INTERVAL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            received = recv(&mut hangup) => {
+                if !received {
+                    // The signal stream ended (cannot happen on Unix); keep polling files.
+                    hangup = None;
+                    continue;
+                }
+                if certs.is_empty() {
+                    tracing::info!("SIGHUP: no TLS certificate configured, nothing to reload");
+                }
+                for cert in &certs {
+                    report(cert, cert.reload(true), "SIGHUP");
+                }
+            }
+            _ = poll.tick(), if !certs.is_empty() => {
+                for cert in &certs {
+                    report(cert, cert.reload(false), "file change");
+                }
+            }
+        }
+    }
+}
+
+fn report(cert: &ReloadableCert, outcome: ReloadOutcome, trigger: &'static str) {
+    match outcome {
+        ReloadOutcome::Unchanged => {}
+        ReloadOutcome::Reloaded => tracing::info!(
+            listener = cert.name(),
+            cert = %cert.cert_path().display(),
+            trigger,
+            "TLS certificate reloaded; new handshakes use it, open connections keep theirs"
+        ),
+        ReloadOutcome::Refused(err) => tracing::error!(
+            listener = cert.name(),
+            error = %err,
+            trigger,
+            "new TLS certificate refused; the previous certificate stays in service"
+        ),
+    }
+}
+
+#[cfg(unix)]
+type Hangup = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangup = ();
+
+#[cfg(unix)]
+fn hangup_signal() -> Option<Hangup> {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(err) => {
+            tracing::warn!(%err, "cannot install the SIGHUP handler; certificates reload on file change only");
+            None
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn hangup_signal() -> Option<Hangup> {
+    None
+}
+
+/// Waits for the next SIGHUP; `false` when the stream ended. Pending forever without one.
+async fn recv(hangup: &mut Option<Hangup>) -> bool {
+    #[cfg(unix)]
+    if let Some(signal) = hangup.as_mut() {
+        return signal.recv().await.is_some();
+    }
+    let _ = hangup;
+    std::future::pending().await
+}
