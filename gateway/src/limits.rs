@@ -99,7 +99,12 @@ where
 
 /// Bytes of the request line and headers as they arrived (HTTP/1.1 framing).
 fn head_size(request: &Request<Body>) -> usize {
-    let line = request.method().as_str().len() + request.uri().to_string().len() + 12;
+    // The request target as sent: origin form (path and query) or absolute form.
+    let uri = request.uri();
+    let target = uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    let line = request.method().as_str().len() + target + 12;
     request.headers().iter().fold(line, |sum, (name, value)| {
         sum + name.as_str().len() + value.len() + 4
     })

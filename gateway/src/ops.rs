@@ -89,6 +89,70 @@ pub async fn readyz(health: &Health) -> Response<Body> {
     }
 }
 
+/// Answers `/healthz` and `/readyz` on the proxy listener before the pipeline (load balancers
+/// probe the port they send traffic to); every other request goes to the inner service.
+#[derive(Debug, Clone)]
+pub struct HealthRoutesLayer {
+    health: Arc<Health>,
+}
+
+/// The service of [`HealthRoutesLayer`].
+#[derive(Debug, Clone)]
+pub struct HealthRoutes<S> {
+    inner: S,
+    health: Arc<Health>,
+}
+
+impl HealthRoutesLayer {
+    /// Health endpoints over `health`.
+    pub fn new(health: Arc<Health>) -> Self {
+        Self { health }
+    }
+}
+
+impl<S> tower::Layer<S> for HealthRoutesLayer {
+    type Service = HealthRoutes<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        HealthRoutes {
+            inner,
+            health: self.health.clone(),
+        }
+    }
+}
+
+impl<S> tower::Service<http::Request<Body>> for HealthRoutes<S>
+where
+    S: tower::Service<http::Request<Body>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = futures_util::future::Either<
+        futures_util::future::BoxFuture<'static, Result<Response<Body>, S::Error>>,
+        S::Future,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        use futures_util::future::{Either, FutureExt};
+        match request.uri().path() {
+            "/healthz" => Either::Left(std::future::ready(Ok(healthz())).boxed()),
+            "/readyz" => {
+                let health = self.health.clone();
+                Either::Left(async move { Ok(readyz(&health).await) }.boxed())
+            }
+            _ => Either::Right(self.inner.call(request)),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct OpsState {
     health: Arc<Health>,

@@ -232,18 +232,21 @@ fn prepare(
 }
 
 fn upstream_path(uri: &Uri, prefix: &str, strip: bool) -> PathAndQuery {
-    let path = uri.path();
-    let path = if strip {
-        let rest = path
-            .strip_prefix(prefix.trim_end_matches('/'))
-            .unwrap_or(path);
-        if rest.starts_with('/') {
-            rest.to_owned()
-        } else {
-            format!("/{rest}")
-        }
+    if !strip {
+        // The common case: the original target, shared rather than re-formatted.
+        return uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    }
+    let rest = uri
+        .path()
+        .strip_prefix(prefix.trim_end_matches('/'))
+        .unwrap_or(uri.path());
+    let path = if rest.starts_with('/') {
+        rest.to_owned()
     } else {
-        path.to_owned()
+        format!("/{rest}")
     };
     let full = match uri.query() {
         Some(query) => format!("{path}?{query}"),

@@ -14,11 +14,7 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Longest client-supplied id we propagate; longer or odd ones are replaced.
 const MAX_ID_LEN: usize = 128;
 
-/// The request's id, also in the request extensions for logs.
-#[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
-
-/// Adds [`RequestId`].
+/// Ensures every request and its response carry `X-Request-Id`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestIdLayer;
 
@@ -53,7 +49,9 @@ where
         let id = match request.headers().get(&X_REQUEST_ID) {
             Some(value) if acceptable(value) => value.clone(),
             _ => {
-                let generated = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+                let mut buf = uuid::Uuid::encode_buffer();
+                let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+                let generated = HeaderValue::from_str(text)
                     .unwrap_or_else(|_| HeaderValue::from_static("invalid"));
                 request
                     .headers_mut()
@@ -61,7 +59,6 @@ where
                 generated
             }
         };
-        request.extensions_mut().insert(RequestId(id.clone()));
         let future = self.inner.call(request);
         Box::pin(async move {
             let mut response = future.await?;

@@ -3,17 +3,14 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use futures_util::future::{BoxFuture, FutureExt};
-use http::Request;
 use tower::util::BoxCloneService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
 use crate::config::Config;
 use crate::forwarded::TrustedProxies;
 use crate::limits::LimitsLayer;
 use crate::metrics::ObserveLayer;
-use crate::ops::{self, Health};
+use crate::ops::{Health, HealthRoutesLayer};
 use crate::proxy::{Proxy, Upstream};
 use crate::quota_admin::RejectionCounters;
 use crate::request_id::RequestIdLayer;
@@ -49,6 +46,7 @@ pub struct StackParts {
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
     let pipeline = ServiceBuilder::new()
+        .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers, before anything else
         .layer(ObserveLayer) // metrics + access log, outermost so every answer is counted
         .layer(RequestIdLayer) // X-Request-Id in and out
         .layer(crate::smuggling::SmugglingLayer) // conflicting Content-Length / Transfer-Encoding → 400, connection closed
@@ -81,16 +79,5 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             Arc::new(SystemWallClock),
         )) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt
-    let pipeline = BoxCloneService::new(pipeline);
-    let health = parts.health;
-    BoxCloneService::new(tower::service_fn(move |request: Request<Body>| {
-        let pipeline = pipeline.clone();
-        let health = health.clone();
-        let future: BoxFuture<'static, _> = match request.uri().path() {
-            "/healthz" => std::future::ready(Ok(ops::healthz())).boxed(),
-            "/readyz" => async move { Ok(ops::readyz(&health).await) }.boxed(),
-            _ => pipeline.oneshot(request).boxed(),
-        };
-        future
-    }))
+    BoxCloneService::new(pipeline)
 }
