@@ -200,7 +200,12 @@ pub async fn run(
         };
         // The same accept loop as the proxy listener, so the admin listener gets TLS (its
         // own certificate), HTTP/2 and the same slow-client bounds.
-        let admin_service = server::HttpService::new(admin_app);
+        // Refusals from the connection guard are answered here too.
+        let admin_service = server::HttpService::new(
+            tower::ServiceBuilder::new()
+                .layer(smuggling::SmugglingLayer)
+                .service(admin_app),
+        );
         server::serve(admin_listener, admin_service, admin_options, stopped).await;
     });
 

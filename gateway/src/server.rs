@@ -1,7 +1,9 @@
 //! The listener: accepts connections, serves HTTP/1.1 and HTTP/2 with hyper — over TLS with
 //! the protocol chosen by ALPN, or in plain text with h2c prior-knowledge detection when
 //! `server.h2c` is on — and on shutdown stops accepting, lets in-flight requests finish
-//! within the grace period, then closes what is left.
+//! within the grace period, then closes what is left. Every connection that may speak
+//! HTTP/1.x is read through a [`FramingGuard`], which refuses ambiguous request heads
+//! before hyper parses them.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,6 +23,7 @@ use tower::ServiceExt;
 
 use crate::config::Http2Settings;
 use crate::forwarded::PeerAddr;
+use crate::smuggling::FramingGuard;
 use crate::tls::ALPN_H2;
 
 /// The assembled request pipeline.
@@ -72,13 +75,18 @@ struct Builders {
     http2: auto::Builder<TokioExecutor>,
 }
 
+/// hyper's read buffer: above the head limit, so the limits layer (not hyper) answers 431.
+fn read_buffer_bytes(options: &ServeOptions) -> usize {
+    (options.max_header_bytes + 16 * 1024).max(8192)
+}
+
 fn builders(options: &ServeOptions) -> Builders {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
-        .max_buf_size((options.max_header_bytes + 16 * 1024).max(8192));
+        .max_buf_size(read_buffer_bytes(options));
     let h2 = options.http2;
     builder
         .http2()
@@ -105,6 +113,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let builders = Arc::new(builders(&options));
+    // The guard holds back at most what hyper would buffer for one head.
+    let head_limit = read_buffer_bytes(&options);
+    let header_read_timeout = options.header_read_timeout;
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -124,8 +135,9 @@ pub async fn serve(
                 let builders = builders.clone();
                 let watcher = graceful.watcher();
                 let Some(acceptor) = options.tls.clone() else {
-                    // Plain HTTP: exactly the pre-TLS path, no extra work per connection.
+                    // Plain HTTP: no handshake, straight to hyper through the framing guard.
                     let hyper_service = hyper_service(service, peer, false);
+                    let stream = FramingGuard::new(stream, head_limit, header_read_timeout);
                     tokio::spawn(async move {
                         let connection = builders.plain.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
                         if let Err(err) = watcher.watch(connection).await {
@@ -147,14 +159,16 @@ pub async fn serve(
                             return;
                         }
                     };
-                    let builder = if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
-                        &builders.http2
-                    } else {
-                        &builders.http1
-                    };
                     let hyper_service = hyper_service(service, peer, true);
-                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
-                    if let Err(err) = watcher.watch(connection).await {
+                    let result = if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+                        let connection = builders.http2.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
+                        watcher.watch(connection).await
+                    } else {
+                        let stream = FramingGuard::new(stream, head_limit, header_read_timeout);
+                        let connection = builders.http1.serve_connection_with_upgrades(TokioIo::new(stream), hyper_service);
+                        watcher.watch(connection).await
+                    };
+                    if let Err(err) = result {
                         tracing::debug!(%err, %peer, "connection ended with an error");
                     }
                 });

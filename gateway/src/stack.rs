@@ -46,10 +46,10 @@ pub struct StackParts {
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
     let pipeline = ServiceBuilder::new()
-        .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers, before anything else
-        .layer(ObserveLayer) // metrics + access log, outermost so every answer is counted
+        .layer(crate::smuggling::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
+        .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
+        .layer(ObserveLayer) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
         .layer(RequestIdLayer) // X-Request-Id in and out
-        .layer(crate::smuggling::SmugglingLayer) // conflicting Content-Length / Transfer-Encoding → 400, connection closed
         .layer(LimitsLayer::new(
             config.server.max_body_bytes,
             config.server.max_header_bytes,

@@ -131,6 +131,14 @@ async fn malformed_http_gets_400_and_the_process_keeps_serving() {
             "{:?}",
             String::from_utf8_lossy(&answer)
         );
+        // Refused before hyper parses it, so the answer is problem+json like every other.
+        assert!(
+            String::from_utf8_lossy(&answer)
+                .to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
     }
     assert_eq!(upstream.hit_count(), 0);
     still_serving(&gateway).await;

@@ -39,6 +39,11 @@ async fn slow_headers_are_cut_off_and_others_keep_being_served() {
             .unwrap();
         stalled.push(stream);
     }
+    // And some that connect and never say a word (h2c is on: protocol detection waits for
+    // a first byte, so this is the guard's deadline, not hyper's).
+    for _ in 0..5 {
+        stalled.push(tokio::net::TcpStream::connect(gateway.addr).await.unwrap());
+    }
     // Meanwhile a well-behaved client is served.
     assert_eq!(
         client()

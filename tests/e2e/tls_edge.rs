@@ -258,5 +258,25 @@ async fn admin_listener_presents_its_own_certificate() {
     );
 }
 
+#[tokio::test]
+async fn smuggling_over_tls_gets_400_problem_json_and_the_connection_closed() {
+    let ca = TestCa::new("smuggling-ca");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = ca.server().write(dir.path(), "server");
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::Echo).await;
+    let gateway = start_tls(&ca, &config(&upstream.url(), "", Some((&cert, &key)))).await;
+    for (framing, reason) in h2::SMUGGLING_ATTEMPTS {
+        let attack = h2::smuggling_attack(framing);
+        let answer = tls::tls_raw_request(gateway.addr, &ca.pem(), attack.as_bytes()).await;
+        h2::assert_refused(answer, 1, reason);
+    }
+    // The admin listener guards its connections the same way.
+    let attack = h2::smuggling_attack(h2::SMUGGLING_ATTEMPTS[2].0).replace("/first", "/healthz");
+    let answer =
+        portcullis_testkit::gateway::raw_request(gateway.admin_addr, attack.as_bytes()).await;
+    h2::assert_refused(answer, 1, h2::SMUGGLING_ATTEMPTS[2].1);
+    assert!(upstream.hits().iter().all(|h| h.uri.path() == "/first"));
+}
+
 // HTTP/2 framing seen raw: SETTINGS, stream limits, h2c on/off, smuggling attempts.
 mod h2;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use portcullis_testkit::gateway::{parse_status, raw_request, GatewayProcess};
+use portcullis_testkit::gateway::{raw_request, GatewayProcess};
 use portcullis_testkit::h2frames::{self, kind, setting, FrameReader};
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use tokio::io::AsyncWriteExt;
@@ -131,61 +131,100 @@ async fn h2c_can_be_turned_off() {
     assert_eq!(upstream.hit_count(), 0);
 }
 
+/// Asserts that `answer` (everything read until the gateway closed) holds `earlier`
+/// ordinary responses followed by exactly one 400/431 problem+json refusal naming `reason`,
+/// with `Connection: close`.
+pub(crate) fn assert_refused(answer: Option<Vec<u8>>, earlier: usize, reason: &str) {
+    let answer = answer.expect("the gateway closed the connection after refusing");
+    let text = String::from_utf8_lossy(&answer);
+    let responses: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(responses.len(), earlier + 1, "{text}");
+    let refusal = responses[earlier].to_ascii_lowercase();
+    let status = if reason == "too-many-headers" {
+        "431 "
+    } else {
+        "400 "
+    };
+    assert!(refusal.starts_with(status), "{text}");
+    assert!(
+        refusal.contains("content-type: application/problem+json"),
+        "{text}"
+    );
+    assert!(refusal.contains("connection: close"), "{text}");
+    assert!(
+        refusal.contains(&format!("\"reason\":\"{reason}\"")),
+        "{text}"
+    );
+}
+
+/// Request-smuggling vectors in front of a following request the attack tries to hide.
+pub(crate) const SMUGGLING_ATTEMPTS: [(&str, &str); 6] = [
+    (
+        "Content-Length: 5\r\nContent-Length: 6",
+        "conflicting-content-length",
+    ),
+    ("Content-Length: 5, 6", "conflicting-content-length"),
+    (
+        "Content-Length: 4\r\nTransfer-Encoding: chunked",
+        "content-length-with-transfer-encoding",
+    ),
+    (
+        "Transfer-Encoding: chunked\r\nContent-Length: 4",
+        "content-length-with-transfer-encoding",
+    ),
+    (
+        "Transfer-Encoding: chunked, identity",
+        "unsupported-transfer-encoding",
+    ),
+    ("Content-Length: +5", "invalid-content-length"),
+];
+
+/// One attack: an ordinary GET, then `POST /b` with `framing`, a body readable either way,
+/// and a request hidden behind it.
+pub(crate) fn smuggling_attack(framing: &str) -> String {
+    format!(
+        "GET /first HTTP/1.1\r\nHost: a\r\n\r\nPOST /b HTTP/1.1\r\nHost: a\r\n{framing}\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
+}
+
 #[tokio::test]
-async fn smuggling_attempts_are_refused_or_neutralised_and_the_connection_closed() {
+async fn smuggling_attempts_get_400_problem_json_and_the_connection_closed() {
     let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::Echo).await;
     let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), "", None)).await;
 
-    // Two different Content-Length values: hyper's parser refuses before any layer (bare
-    // 400), and closes; the pipelined second request is never read.
-    let two_lengths = b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
-    let answer = raw_request(gateway.addr, two_lengths)
-        .await
-        .expect("connection closed by the gateway");
-    assert_eq!(
-        parse_status(&answer),
-        Some(400),
-        "{}",
-        String::from_utf8_lossy(&answer)
+    // The pipelined GET before the attack is answered first, in order; the attack gets the
+    // refusal; nothing after it is read.
+    for (framing, reason) in SMUGGLING_ATTEMPTS {
+        let attack = smuggling_attack(framing);
+        assert_refused(
+            raw_request(gateway.addr, attack.as_bytes()).await,
+            1,
+            reason,
+        );
+    }
+    // Heads hyper cannot parse, or with too many lines, get problem+json too.
+    let garbage = raw_request(gateway.addr, b"GET / HTTP/1.1\r\nBad Header\r\n\r\n").await;
+    assert_refused(garbage, 0, "malformed-request-head");
+    let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(101));
+    assert_refused(
+        raw_request(gateway.addr, many.as_bytes()).await,
+        0,
+        "too-many-headers",
     );
-    assert_eq!(
-        String::from_utf8_lossy(&answer)
-            .matches("HTTP/1.1 ")
-            .count(),
-        1
-    );
+    // A client cannot slip the refusal header upstream either.
+    let marked = raw_request(
+        gateway.addr,
+        b"GET / HTTP/1.1\r\nx-portcullis-refused: whatever\r\n\r\n",
+    )
+    .await;
+    assert_refused(marked, 0, "malformed-request-head");
 
-    // Content-Length and Transfer-Encoding (both orders): hyper frames by Transfer-Encoding
-    // alone, drops Content-Length and closes after the answer (RFC 9112 §6.3), so the bytes
-    // a Content-Length-reading hop would have treated as a second request are never read.
-    for head in [
-        "Content-Length: 4\r\nTransfer-Encoding: chunked",
-        "Transfer-Encoding: chunked\r\nContent-Length: 4",
-    ] {
-        let attack = format!("POST /b HTTP/1.1\r\nHost: a\r\n{head}\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n");
-        let answer = raw_request(gateway.addr, attack.as_bytes())
-            .await
-            .expect("connection closed by the gateway");
-        let text = String::from_utf8_lossy(&answer);
-        assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
-        assert!(
-            text.to_ascii_lowercase().contains("connection: close"),
-            "{text}"
-        );
-    }
-    let hits = upstream.hits();
-    assert!(
-        hits.iter()
-            .all(|h| h.uri.path() != "/smuggled" && h.uri.path() != "/a"),
-        "{hits:?}"
-    );
-    for hit in &hits {
-        assert!(
-            hit.headers.get("content-length").is_none_or(|v| v == "5"),
-            "{hit:?}"
-        );
-        assert_eq!(hit.body.as_ref(), b"hello");
-    }
+    let paths: Vec<String> = upstream
+        .hits()
+        .iter()
+        .map(|h| h.uri.path().to_owned())
+        .collect();
+    assert_eq!(paths, vec!["/first"; SMUGGLING_ATTEMPTS.len()]);
 
     // HTTP/2: differing content-length fields and transfer-encoding are malformed (RFC 9113
     // §8.1.1, §8.2.2); the h2 library resets those streams before any layer runs.

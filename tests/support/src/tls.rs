@@ -226,6 +226,14 @@ pub async fn presented_certificate(addr: SocketAddr, ca_pem: &str) -> Result<Vec
 /// `GET path` over TLS (HTTP/1.1, trusting `ca_pem`) on a fresh connection; the status, if
 /// any answer came within 5 s.
 pub async fn tls_get_status(addr: SocketAddr, ca_pem: &str, path: &str) -> Option<u16> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let answer = tls_raw_request(addr, ca_pem, request.as_bytes()).await?;
+    crate::gateway::parse_status(&answer)
+}
+
+/// Sends `bytes` over a fresh TLS connection (ALPN `http/1.1`, trusting `ca_pem`) and
+/// returns everything received until the server closes; `None` if that takes over 5 s.
+pub async fn tls_raw_request(addr: SocketAddr, ca_pem: &str, bytes: &[u8]) -> Option<Vec<u8>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let config = client_config(ca_pem, &[b"http/1.1"], false);
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
@@ -233,12 +241,10 @@ pub async fn tls_get_status(addr: SocketAddr, ca_pem: &str, path: &str) -> Optio
         let tcp = TcpStream::connect(addr).await.ok()?;
         let name = ServerName::try_from("localhost").ok()?;
         let mut tls = connector.connect(name, tcp).await.ok()?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        tls.write_all(request.as_bytes()).await.ok()?;
+        tls.write_all(bytes).await.ok()?;
         let mut out = Vec::new();
         let _ = tls.read_to_end(&mut out).await;
-        crate::gateway::parse_status(&out)
+        Some(out)
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
         .await

@@ -1,38 +1,20 @@
-//! Request-smuggling defence: a request whose framing headers disagree is answered 400
-//! problem+json with `Connection: close`, before anything else reads its body.
+//! The request-level half of the defence: answers the refusal heads the
+//! [`FramingGuard`](super::FramingGuard) substitutes, and — as a backstop whatever server
+//! library sits underneath — refuses conflicting framing headers that reach it anyway.
 //!
-//! # Who catches what
-//!
-//! hyper's HTTP/1.1 parser already refuses, with a bare 400 and a closed connection, before
-//! any layer runs: two `Content-Length` values that differ (as separate lines or as a list),
-//! a `Content-Length` that is not a number, `Transfer-Encoding` whose last coding is not
-//! `chunked`, and `Transfer-Encoding` on HTTP/1.0. When a request carries both
-//! `Transfer-Encoding: chunked` and `Content-Length`, hyper follows RFC 9112 §6.3: it frames
-//! the body by `Transfer-Encoding` alone, *removes* `Content-Length` from the headers and
-//! closes the connection after the response — so no desynchronisation is possible on the
-//! client side, and the upstream gets one freshly framed body. Because hyper drops the
-//! header, no layer can tell such a request from an ordinary chunked one.
-//!
-//! The h2 library (0.4.20) resets the stream (PROTOCOL_ERROR) on `Transfer-Encoding` and
-//! other connection-specific headers, on `content-length` fields that differ, and on a body
-//! longer or shorter than its `content-length`.
-//!
-//! So with today's hyper and h2 every conflicting request is stopped below this layer, and
-//! the e2e tests (`tests/e2e/tls_edge.rs`) pin that down. This layer is the defence in
-//! depth the pipeline does not delegate: it refuses `Content-Length` together with
-//! `Transfer-Encoding`, and differing `Content-Length` values, whatever server library sits
-//! underneath — both are the classic vectors for desynchronising an HTTP/1.1 upstream.
-//!
-//! Cost on the common path: two header-map lookups; no allocation (the future is an
+//! Cost on the common path: three header-map lookups; no allocation (the future is an
 //! `Either`, not a box).
 
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use futures_util::future::Either;
-use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request, Response};
 use tower::{Layer, Service};
 
+use super::head::Refusal;
+use super::REFUSAL_HEADER;
+use crate::forwarded::PeerAddr;
 use crate::problem::Problem;
 
 /// Refuses requests with conflicting framing headers.
@@ -69,33 +51,65 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if let Some(reason) = conflict(request.headers()) {
-            tracing::info!(reason, "conflicting request framing refused");
-            let mut response = Problem::new(
-                StatusCode::BAD_REQUEST,
-                "conflicting-framing",
-                "Conflicting message framing",
-                format!("{reason}; the request was refused and the connection is closed"),
-            )
-            .into_response();
-            // HTTP/1.1: hyper closes the connection after this response, so no byte left
-            // behind by the ambiguous framing is ever read as a next request. (HTTP/2 strips
-            // the header; there the refusal concerns this stream only.)
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return Either::Left(std::future::ready(Ok(response)));
+        let refusal = match request.headers().get(REFUSAL_HEADER) {
+            // A client that sends the header itself is refused too: harmless, and it means
+            // the header never travels upstream.
+            Some(code) => {
+                Some(Refusal::from_code(code.as_bytes()).unwrap_or(Refusal::MalformedHead))
+            }
+            None => conflict(request.headers()),
+        };
+        match refusal {
+            Some(refusal) => {
+                let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+                Either::Left(std::future::ready(Ok(refuse(refusal, peer))))
+            }
+            None => Either::Right(self.inner.call(request)),
         }
-        Either::Right(self.inner.call(request))
     }
 }
 
-/// Why the framing headers conflict, if they do.
-pub fn conflict(headers: &HeaderMap) -> Option<&'static str> {
+/// The problem+json answer to a refused request, closing the connection.
+fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body> {
+    tracing::info!(
+        reason = refusal.code(),
+        ?peer,
+        "request refused before routing"
+    );
+    metrics::counter!("requests_refused_total", "reason" => refusal.code()).increment(1);
+    let (slug, title) = if refusal.is_framing() {
+        ("conflicting-framing", "Ambiguous message framing")
+    } else if refusal == Refusal::TooManyHeaders {
+        ("headers-too-large", "Request header fields too large")
+    } else {
+        ("malformed-request", "Malformed request")
+    };
+    let mut response = Problem::new(
+        refusal.status(),
+        slug,
+        title,
+        format!(
+            "{}; the request was refused and the connection is closed",
+            refusal.detail()
+        ),
+    )
+    .with("reason", refusal.code())
+    .into_response();
+    // HTTP/1.1: hyper closes the connection after this response, so no byte left behind
+    // by the ambiguous framing is ever read as a next request. (HTTP/2 strips the header;
+    // there a refusal concerns one stream only.)
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// Why the framing headers of a parsed request conflict, if they do.
+pub fn conflict(headers: &HeaderMap) -> Option<Refusal> {
     let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
     let first = lengths.next()?;
     if headers.contains_key(header::TRANSFER_ENCODING) {
-        return Some("both Content-Length and Transfer-Encoding were sent");
+        return Some(Refusal::LengthWithTransferEncoding);
     }
     // Each field may itself be a list ("5, 5"); every element must be the same number.
     let mut seen: Option<&[u8]> = None;
@@ -105,7 +119,7 @@ pub fn conflict(headers: &HeaderMap) -> Option<&'static str> {
             match seen {
                 None => seen = Some(element),
                 Some(previous) if previous == element => {}
-                Some(_) => return Some("conflicting Content-Length values were sent"),
+                Some(_) => return Some(Refusal::ConflictingLengths),
             }
         }
     }
@@ -115,6 +129,7 @@ pub fn conflict(headers: &HeaderMap) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -148,11 +163,11 @@ mod tests {
     #[test]
     fn conflicting_framing_is_named() {
         let both = headers(&[("content-length", "5"), ("transfer-encoding", "chunked")]);
-        assert!(conflict(&both).unwrap().contains("Transfer-Encoding"));
+        assert_eq!(conflict(&both), Some(Refusal::LengthWithTransferEncoding));
         let two = headers(&[("content-length", "5"), ("content-length", "6")]);
-        assert!(conflict(&two).unwrap().contains("conflicting"));
+        assert_eq!(conflict(&two), Some(Refusal::ConflictingLengths));
         let listed = headers(&[("content-length", "5, 6")]);
-        assert!(conflict(&listed).is_some());
+        assert_eq!(conflict(&listed), Some(Refusal::ConflictingLengths));
     }
 
     #[tokio::test]
@@ -170,6 +185,15 @@ mod tests {
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
             "application/problem+json"
+        );
+        let mut marked = Request::new(Body::empty());
+        marked
+            .headers_mut()
+            .insert(REFUSAL_HEADER, HeaderValue::from_static("too-many-headers"));
+        let response = service.clone().oneshot(marked).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
         );
         let ok = service.oneshot(Request::new(Body::empty())).await.unwrap();
         assert_eq!(ok.status(), StatusCode::OK);

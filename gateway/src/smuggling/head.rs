@@ -1,0 +1,349 @@
+//! Reading one HTTP/1.x request head the way hyper will read it, to learn where its body
+//! ends — or why the head must be refused before hyper sees it.
+//!
+//! The rules mirror hyper 1.x's server parser (same `httparse` configuration, same
+//! Content-Length and Transfer-Encoding reading) so that a head accepted here is framed
+//! exactly as hyper frames it. Where hyper would quietly repair an ambiguous head (both
+//! framing headers: it drops Content-Length) or answer a bare 400, this refuses, so the
+//! client gets a problem+json answer instead.
+
+use std::mem::MaybeUninit;
+
+use http::StatusCode;
+
+/// hyper's default limit on header lines; a head with more is refused with 431.
+const MAX_HEADERS: usize = 100;
+
+/// How the body after a head is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body: the next byte starts the next request.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// The connection may stop speaking HTTP/1.1 after this head (CONNECT).
+    Opaque,
+}
+
+/// Why a head was refused. Each has a stable code carried from the connection to the
+/// request pipeline (see [`super::REFUSAL_HEADER`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `Content-Length` together with `Transfer-Encoding`.
+    LengthWithTransferEncoding,
+    /// Two `Content-Length` values that differ.
+    ConflictingLengths,
+    /// A `Content-Length` that is not a decimal number.
+    InvalidLength,
+    /// `Transfer-Encoding` whose final coding is not `chunked`.
+    UnsupportedTransferEncoding,
+    /// `Transfer-Encoding` on an HTTP/1.0 request, which cannot carry it.
+    TransferEncodingInHttp10,
+    /// More header lines than the gateway reads.
+    TooManyHeaders,
+    /// Not an HTTP/1.x request head at all.
+    MalformedHead,
+}
+
+/// What one request head says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadVerdict {
+    /// More bytes are needed.
+    Incomplete,
+    /// The head is `len` bytes long and its body is framed as `body`.
+    Complete { len: usize, body: BodyFraming },
+    /// The head must not be served.
+    Refused(Refusal),
+}
+
+// === impl Refusal ===
+
+impl Refusal {
+    const ALL: [Refusal; 7] = [
+        Refusal::LengthWithTransferEncoding,
+        Refusal::ConflictingLengths,
+        Refusal::InvalidLength,
+        Refusal::UnsupportedTransferEncoding,
+        Refusal::TransferEncodingInHttp10,
+        Refusal::TooManyHeaders,
+        Refusal::MalformedHead,
+    ];
+
+    /// The stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::LengthWithTransferEncoding => "content-length-with-transfer-encoding",
+            Refusal::ConflictingLengths => "conflicting-content-length",
+            Refusal::InvalidLength => "invalid-content-length",
+            Refusal::UnsupportedTransferEncoding => "unsupported-transfer-encoding",
+            Refusal::TransferEncodingInHttp10 => "transfer-encoding-in-http-1.0",
+            Refusal::TooManyHeaders => "too-many-headers",
+            Refusal::MalformedHead => "malformed-request-head",
+        }
+    }
+
+    /// The refusal a code names.
+    pub fn from_code(code: &[u8]) -> Option<Refusal> {
+        Self::ALL.into_iter().find(|r| r.code().as_bytes() == code)
+    }
+
+    /// 431 for too many header lines, 400 for everything else.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Refusal::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Does this refusal concern message framing (a smuggling vector)?
+    pub fn is_framing(self) -> bool {
+        !matches!(self, Refusal::TooManyHeaders | Refusal::MalformedHead)
+    }
+
+    /// What the client is told.
+    pub fn detail(self) -> &'static str {
+        match self {
+            Refusal::LengthWithTransferEncoding => {
+                "the request carried both Content-Length and Transfer-Encoding, so its end is ambiguous"
+            }
+            Refusal::ConflictingLengths => {
+                "the request carried Content-Length values that differ, so its end is ambiguous"
+            }
+            Refusal::InvalidLength => "the request's Content-Length is not a decimal number",
+            Refusal::UnsupportedTransferEncoding => {
+                "the request's Transfer-Encoding does not end in chunked, so its end is unknown"
+            }
+            Refusal::TransferEncodingInHttp10 => {
+                "an HTTP/1.0 request cannot use Transfer-Encoding"
+            }
+            Refusal::TooManyHeaders => "the request has more than 100 header lines",
+            Refusal::MalformedHead => "the request head is not valid HTTP/1.1",
+        }
+    }
+}
+
+/// Reads the request head at the start of `bytes` (leading empty lines are skipped, as
+/// hyper does).
+pub fn inspect(bytes: &[u8]) -> HeadVerdict {
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut request,
+        bytes,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return HeadVerdict::Incomplete,
+        Err(httparse::Error::TooManyHeaders) => {
+            return HeadVerdict::Refused(Refusal::TooManyHeaders)
+        }
+        Err(_) => return HeadVerdict::Refused(Refusal::MalformedHead),
+    };
+    match framing(&request) {
+        Ok(body) => HeadVerdict::Complete { len, body },
+        Err(refusal) => HeadVerdict::Refused(refusal),
+    }
+}
+
+/// The body framing a parsed head declares, by RFC 9112 §6 — refusing every ambiguity
+/// instead of resolving it.
+fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> {
+    let http11 = request.version == Some(1);
+    let mut length: Option<u64> = None;
+    let mut lengths_conflict = false;
+    let mut length_invalid = false;
+    let mut transfer_encoding = false;
+    // Like hyper: the final coding of the *last* Transfer-Encoding line decides.
+    let mut chunked = false;
+    for header in request.headers.iter() {
+        if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            if !http11 {
+                return Err(Refusal::TransferEncodingInHttp10);
+            }
+            transfer_encoding = true;
+            chunked = ends_in_chunked(header.value);
+        } else if header.name.eq_ignore_ascii_case("content-length") {
+            for element in header.value.split(|b| *b == b',') {
+                match decimal(element.trim_ascii()) {
+                    None => length_invalid = true,
+                    Some(n) if length.is_some_and(|seen| seen != n) => lengths_conflict = true,
+                    Some(n) => length = Some(n),
+                }
+            }
+        }
+    }
+    let has_length = length.is_some() || length_invalid;
+    if transfer_encoding && has_length {
+        return Err(Refusal::LengthWithTransferEncoding);
+    }
+    if lengths_conflict {
+        return Err(Refusal::ConflictingLengths);
+    }
+    if length_invalid {
+        return Err(Refusal::InvalidLength);
+    }
+    if transfer_encoding && !chunked {
+        return Err(Refusal::UnsupportedTransferEncoding);
+    }
+    if request.method == Some("CONNECT") {
+        return Ok(BodyFraming::Opaque);
+    }
+    Ok(if chunked {
+        BodyFraming::Chunked
+    } else {
+        match length {
+            Some(0) | None => BodyFraming::Empty,
+            Some(n) => BodyFraming::Length(n),
+        }
+    })
+}
+
+fn ends_in_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|b| *b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Digits only (no sign, no spaces inside), no overflow — hyper's rule.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(head: &str) -> HeadVerdict {
+        inspect(head.as_bytes())
+    }
+
+    fn body(head: &str) -> BodyFraming {
+        match verdict(head) {
+            HeadVerdict::Complete { len, body } => {
+                assert_eq!(len, head.len());
+                body
+            }
+            other => panic!("{head:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ordinary_heads_are_framed_like_hyper_frames_them() {
+        assert_eq!(
+            body("GET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            BodyFraming::Empty
+        );
+        assert_eq!(
+            body("POST / HTTP/1.1\r\nContent-Length: 12\r\n\r\n"),
+            BodyFraming::Length(12)
+        );
+        assert_eq!(
+            body("POST / HTTP/1.1\r\ncontent-length: 5\r\nContent-Length: 5, 5\r\n\r\n"),
+            BodyFraming::Length(5)
+        );
+        assert_eq!(
+            body("POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            BodyFraming::Empty
+        );
+        assert_eq!(
+            body("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n"),
+            BodyFraming::Chunked
+        );
+        assert_eq!(
+            body("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n"),
+            BodyFraming::Opaque
+        );
+        // Bare LF line endings and leading empty lines, as httparse (and so hyper) allows.
+        assert_eq!(
+            body("\r\nPOST / HTTP/1.0\nContent-Length: 3\n\n"),
+            BodyFraming::Length(3)
+        );
+    }
+
+    #[test]
+    fn partial_heads_wait_for_more() {
+        assert_eq!(verdict(""), HeadVerdict::Incomplete);
+        assert_eq!(
+            verdict("POST / HTTP/1.1\r\nContent-Le"),
+            HeadVerdict::Incomplete
+        );
+        assert_eq!(
+            verdict("POST / HTTP/1.1\r\nContent-Length: 5\r\n"),
+            HeadVerdict::Incomplete
+        );
+    }
+
+    #[test]
+    fn every_framing_ambiguity_is_refused_by_name() {
+        let refused = |head: &str| match verdict(head) {
+            HeadVerdict::Refused(refusal) => refusal,
+            other => panic!("{head:?}: {other:?}"),
+        };
+        for head in [
+            "POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: x\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length:\r\n\r\n",
+        ] {
+            assert_eq!(
+                refused(head),
+                Refusal::LengthWithTransferEncoding,
+                "{head:?}"
+            );
+        }
+        assert_eq!(
+            refused("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+            Refusal::ConflictingLengths
+        );
+        assert_eq!(
+            refused("POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n"),
+            Refusal::ConflictingLengths
+        );
+        for length in ["+5", "5 5", "0x5", "", "5,", "99999999999999999999"] {
+            let head = format!("POST / HTTP/1.1\r\nContent-Length: {length}\r\n\r\n");
+            assert_eq!(refused(&head), Refusal::InvalidLength, "{head:?}");
+        }
+        assert_eq!(
+            refused("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
+            Refusal::UnsupportedTransferEncoding
+        );
+        // The last line decides, as in hyper.
+        assert_eq!(
+            refused(
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n"
+            ),
+            Refusal::UnsupportedTransferEncoding
+        );
+        assert_eq!(
+            refused("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Refusal::TransferEncodingInHttp10
+        );
+        assert_eq!(refused("GARBAGE\r\n\r\n"), Refusal::MalformedHead);
+        assert_eq!(
+            refused("GET / HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n"),
+            Refusal::MalformedHead
+        );
+        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(101));
+        assert_eq!(refused(&many), Refusal::TooManyHeaders);
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for refusal in Refusal::ALL {
+            assert_eq!(Refusal::from_code(refusal.code().as_bytes()), Some(refusal));
+        }
+        assert_eq!(Refusal::from_code(b"nonsense"), None);
+    }
+}
