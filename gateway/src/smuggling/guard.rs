@@ -230,8 +230,10 @@ impl<IO> FramingGuard<IO> {
         let n = buf.remaining().min(self.releasable - self.released);
         buf.put_slice(&self.held[self.released..self.released + n]);
         self.released += n;
-        if self.released == self.held.len() {
-            self.held.clear();
+        if self.released == self.releasable {
+            // Keep only the incomplete head, if any: a client whose reads keep ending
+            // mid-head must not make the buffer grow with what hyper already has.
+            self.held.drain(..self.released);
             self.releasable = 0;
             self.released = 0;
         }
@@ -531,5 +533,22 @@ mod tests {
             client.write_all(piece).await.unwrap();
         }
         assert_eq!(reader.await.unwrap().len(), 36);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_bytes_stay_bounded_when_every_read_ends_mid_head() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut guard = FramingGuard::new(server, 4096, std::time::Duration::from_secs(30));
+        let head = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+        let mut buf = [0u8; 1024];
+        // Each write completes the previous head and starts the next one.
+        client.write_all(&head[..10]).await.unwrap();
+        for _ in 0..500 {
+            client.write_all(&head[10..]).await.unwrap();
+            client.write_all(&head[..10]).await.unwrap();
+            let n = guard.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            assert!(guard.held.len() <= 2 * head.len(), "{}", guard.held.len());
+        }
     }
 }
