@@ -20,14 +20,18 @@
 //! mistaken for an aborted one.
 //!
 //! The guard stops inspecting — and passes bytes through untouched — where it cannot
-//! follow the stream for certain: after an HTTP/2 preface (h2c), after a CONNECT, when a
-//! head outgrows the read limit (hyper then answers 431), or when a chunked body breaks the
-//! grammar (hyper then rejects it and closes). hyper's own defences still apply there.
+//! follow the stream for certain: after an HTTP/2 preface (h2c), when a head outgrows the
+//! read limit (hyper then answers 431), or when a chunked body breaks the grammar (hyper
+//! then rejects it and closes). hyper's own defences still apply there. CONNECT and Upgrade
+//! heads are followed like any other: the gateway never tunnels or switches protocols.
 //!
-//! Holding back a partial head would hide a slow client from hyper's header-read timeout
-//! (and, with h2c on, from protocol detection, which waits for a first byte with no timeout
-//! of its own). So the guard keeps its own deadline while it waits for a head on a fresh
-//! connection or holds part of one, and ends the connection when it passes.
+//! Holding back a partial head hides it from hyper, which matters for a connection's first
+//! head: with h2c on, protocol detection waits for a byte that differs from the HTTP/2
+//! preface, with no timeout of its own, and hyper's header-read timer starts only after it.
+//! So the guard keeps its own deadline until the first head is complete. Later heads need
+//! none: hyper's timer runs whenever hyper waits for a head, whether or not the guard holds
+//! part of it — and a partial next head held while a response is still in flight must not
+//! count against anything.
 //!
 //! Cost on the common path: the head is parsed once more (httparse, no allocation) and the
 //! bytes are read straight into hyper's buffer; only a head split across reads is copied.
@@ -61,9 +65,9 @@ pub struct FramingGuard<IO> {
     released: usize,
     /// The longest head held back; past it the guard stops inspecting.
     max_head_bytes: usize,
-    /// How long a head may take to arrive while the guard is the one waiting for it.
+    /// How long the connection's first head may take to arrive.
     head_timeout: std::time::Duration,
-    /// Running while a fresh connection's first head, or the rest of a held head, is due.
+    /// Running from the first read that found nothing until the first head is complete.
     head_deadline: Option<Pin<Box<Sleep>>>,
 }
 
@@ -152,7 +156,6 @@ impl Scanner {
                                 BodyFraming::Empty => Position::Head { first: false },
                                 BodyFraming::Length(n) => Position::Length(n),
                                 BodyFraming::Chunked => Position::Chunked(ChunkTracker::new()),
-                                BodyFraming::Opaque => Position::PassThrough,
                             };
                         }
                     }
@@ -193,16 +196,14 @@ impl<IO> FramingGuard<IO> {
         }
     }
 
-    /// Is hyper unable to see that a head is due? Before the first byte of a connection,
-    /// and while part of a head is held back.
-    fn waiting_unseen(&self) -> bool {
-        self.held.len() > self.releasable
-            || (self.scanner.position == Position::Head { first: true } && self.held.is_empty())
+    /// Is the connection's first head still incomplete?
+    fn awaiting_first_head(&self) -> bool {
+        self.scanner.position == (Position::Head { first: true })
     }
 
-    /// Called when the connection has nothing to read: `Err` once the head is overdue.
+    /// Called when the connection has nothing to read: `Err` once the first head is overdue.
     fn poll_head_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.waiting_unseen() {
+        if !self.awaiting_first_head() {
             self.head_deadline = None;
             return Poll::Pending;
         }
@@ -233,7 +234,11 @@ impl<IO> FramingGuard<IO> {
         if self.released == self.releasable {
             // Keep only the incomplete head, if any: a client whose reads keep ending
             // mid-head must not make the buffer grow with what hyper already has.
-            self.held.drain(..self.released);
+            if self.released == self.held.len() && self.held.capacity() > 4096 {
+                self.held = Vec::new();
+            } else {
+                self.held.drain(..self.released);
+            }
             self.releasable = 0;
             self.released = 0;
         }
@@ -272,8 +277,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
             return Poll::Ready(Ok(()));
         }
         let read = this.poll_read_guarded(cx, buf);
-        if read.is_ready() && this.head_deadline.is_some() && !this.waiting_unseen() {
-            // The head is through; the next one gets a fresh deadline.
+        if read.is_ready() && this.head_deadline.is_some() && !this.awaiting_first_head() {
+            // The first head is through; from here hyper times every head itself.
             this.head_deadline = None;
         }
         read
@@ -509,6 +514,17 @@ mod tests {
             idle.is_err(),
             "an idle connection is not the guard's to close"
         );
+        // Nor is a later head held in part (hyper may still be answering the first one;
+        // its own timer covers the heads it waits for).
+        client
+            .write_all(b"GET /next HTTP/1.1\r\nX-Slow: ")
+            .await
+            .unwrap();
+        let held = tokio::time::timeout(timeout * 10, guard.read(&mut buf)).await;
+        assert!(
+            held.is_err(),
+            "a later partial head is not the guard's to time"
+        );
 
         // Heads that trickle in, each whole within the deadline, are all served, however
         // long the connection lasts.
@@ -549,6 +565,24 @@ mod tests {
             let n = guard.read(&mut buf).await.unwrap();
             assert!(n > 0);
             assert!(guard.held.len() <= 2 * head.len(), "{}", guard.held.len());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connect_and_upgrade_heads_do_not_switch_inspection_off() {
+        let attack =
+            b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        for opener in [
+            &b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        ] {
+            let stream = [opener, &attack[..]].concat();
+            let expected = [
+                opener,
+                &refusal_head(Refusal::LengthWithTransferEncoding)[..],
+            ]
+            .concat();
+            assert_eq!(through_guard(&stream, 4096).await, expected);
         }
     }
 }

@@ -23,8 +23,6 @@ pub enum BodyFraming {
     Length(u64),
     /// Chunked transfer coding.
     Chunked,
-    /// The connection may stop speaking HTTP/1.1 after this head (CONNECT).
-    Opaque,
 }
 
 /// Why a head was refused. Each has a stable code carried from the connection to the
@@ -165,13 +163,19 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
             transfer_encoding = true;
             chunked = ends_in_chunked(header.value);
         } else if header.name.eq_ignore_ascii_case("content-length") {
-            for element in header.value.split(|b| *b == b',') {
+            // hyper's server takes one number per line, so a list ("5, 5") is refused even
+            // when its elements agree; a list that disagrees is named as the conflict it is.
+            let mut elements = header.value.split(|b| *b == b',').peekable();
+            let mut is_list = false;
+            while let Some(element) = elements.next() {
+                is_list |= elements.peek().is_some();
                 match decimal(element.trim_ascii()) {
                     None => length_invalid = true,
                     Some(n) if length.is_some_and(|seen| seen != n) => lengths_conflict = true,
                     Some(n) => length = Some(n),
                 }
             }
+            length_invalid |= is_list;
         }
     }
     let has_length = length.is_some() || length_invalid;
@@ -187,9 +191,9 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
     if transfer_encoding && !chunked {
         return Err(Refusal::UnsupportedTransferEncoding);
     }
-    if request.method == Some("CONNECT") {
-        return Ok(BodyFraming::Opaque);
-    }
+    // CONNECT and `Upgrade` heads are framed like any other: the gateway never tunnels or
+    // switches protocols (Upgrade is hop-by-hop and not forwarded), so hyper goes on
+    // reading HTTP/1.1 after them — or, after a 2xx to CONNECT, closes the connection.
     Ok(if chunked {
         BodyFraming::Chunked
     } else {
@@ -201,24 +205,33 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
 }
 
 fn ends_in_chunked(value: &[u8]) -> bool {
-    value
-        .rsplit(|b| *b == b',')
-        .next()
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    // hyper reads the value as a visible-ASCII string; anything else is not chunked to it.
+    let visible = value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
+    visible
+        && value
+            .rsplit(|b| *b == b',')
+            .next()
+            .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
-/// Digits only (no sign, no spaces inside), no overflow — hyper's rule.
+/// Digits only (no sign, no spaces inside), at most hyper's largest body length.
 fn decimal(digits: &[u8]) -> Option<u64> {
+    const MAX_BODY_LENGTH: u64 = u64::MAX - 2;
     if digits.is_empty() {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, b| {
-        if b.is_ascii_digit() {
-            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
+    digits
+        .iter()
+        .try_fold(0u64, |n, b| {
+            if b.is_ascii_digit() {
+                n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+            } else {
+                None
+            }
+        })
+        .filter(|n| *n <= MAX_BODY_LENGTH)
 }
 
 #[cfg(test)]
@@ -250,7 +263,7 @@ mod tests {
             BodyFraming::Length(12)
         );
         assert_eq!(
-            body("POST / HTTP/1.1\r\ncontent-length: 5\r\nContent-Length: 5, 5\r\n\r\n"),
+            body("POST / HTTP/1.1\r\ncontent-length: 5\r\nContent-Length: 5\r\n\r\n"),
             BodyFraming::Length(5)
         );
         assert_eq!(
@@ -263,7 +276,11 @@ mod tests {
         );
         assert_eq!(
             body("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n"),
-            BodyFraming::Opaque
+            BodyFraming::Empty
+        );
+        assert_eq!(
+            body("GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"),
+            BodyFraming::Empty
         );
         // Bare LF line endings and leading empty lines, as httparse (and so hyper) allows.
         assert_eq!(
@@ -311,13 +328,26 @@ mod tests {
             refused("POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n"),
             Refusal::ConflictingLengths
         );
-        for length in ["+5", "5 5", "0x5", "", "5,", "99999999999999999999"] {
+        for length in [
+            "+5",
+            "5 5",
+            "0x5",
+            "",
+            "5,",
+            "5, 5",
+            "99999999999999999999",
+            "18446744073709551614",
+        ] {
             let head = format!("POST / HTTP/1.1\r\nContent-Length: {length}\r\n\r\n");
             assert_eq!(refused(&head), Refusal::InvalidLength, "{head:?}");
         }
         assert_eq!(
             refused("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
             Refusal::UnsupportedTransferEncoding
+        );
+        assert_eq!(
+            inspect(b"POST / HTTP/1.1\r\nTransfer-Encoding: \xe9, chunked\r\n\r\n"),
+            HeadVerdict::Refused(Refusal::UnsupportedTransferEncoding)
         );
         // The last line decides, as in hyper.
         assert_eq!(
