@@ -4,16 +4,7 @@ use portcullis_testkit::gateway::{parse_status, raw_request, GatewayProcess};
 use portcullis_testkit::ports::closed_addr;
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 
-use crate::common::{assert_problem, client, gateway_for, single_route_config, BIN};
-
-async fn still_serving(gateway: &GatewayProcess) {
-    let response = client().get(gateway.url() + "/after").send().await.unwrap();
-    assert_eq!(
-        response.status(),
-        200,
-        "the gateway keeps serving after bad input"
-    );
-}
+use crate::common::{assert_problem, client, gateway_for, single_route_config, still_serving, BIN};
 
 #[tokio::test]
 async fn unknown_route_is_404_problem() {
@@ -28,7 +19,7 @@ async fn unknown_route_is_404_problem() {
     let body = assert_problem(response, 404).await;
     assert_eq!(body["type"], "https://portcullis.dev/problems/no-route");
     assert_eq!(upstream.hit_count(), 0);
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }
 
 #[tokio::test]
@@ -64,7 +55,7 @@ async fn oversized_bodies_are_413_declared_or_streamed() {
         .await
         .unwrap();
     assert_problem(streamed, 413).await;
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }
 
 #[tokio::test]
@@ -79,7 +70,7 @@ async fn oversized_headers_are_431_problem() {
         .unwrap();
     assert_problem(response, 431).await;
     assert_eq!(upstream.hit_count(), 0);
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }
 
 #[tokio::test]
@@ -101,7 +92,7 @@ async fn unreachable_upstream_is_502_problem() {
         body["type"].as_str().unwrap().contains("unreachable"),
         "{body}"
     );
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }
 
 #[tokio::test]
@@ -112,7 +103,7 @@ async fn stalled_upstream_is_504_problem() {
     let gateway = GatewayProcess::start(BIN, &config).await;
     let response = client().get(gateway.url() + "/slow").send().await.unwrap();
     assert_problem(response, 504).await;
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }
 
 #[tokio::test]
@@ -141,5 +132,5 @@ async fn malformed_http_gets_400_and_the_process_keeps_serving() {
         );
     }
     assert_eq!(upstream.hit_count(), 0);
-    still_serving(&gateway).await;
+    still_serving(&gateway, "/after").await;
 }

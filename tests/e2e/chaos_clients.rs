@@ -7,7 +7,7 @@ use portcullis_testkit::gateway::{parse_status, GatewayProcess};
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::common::{client, single_route_config, BIN};
+use crate::common::{single_route_config, still_serving, BIN};
 
 fn hostile_config(upstream: &ScriptedUpstream) -> String {
     format!(
@@ -45,15 +45,7 @@ async fn slow_headers_are_cut_off_and_others_keep_being_served() {
         stalled.push(tokio::net::TcpStream::connect(gateway.addr).await.unwrap());
     }
     // Meanwhile a well-behaved client is served.
-    assert_eq!(
-        client()
-            .get(gateway.url() + "/ok")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    still_serving(&gateway, "/ok").await;
     for mut stream in stalled {
         let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
         assert!(
@@ -66,15 +58,7 @@ async fn slow_headers_are_cut_off_and_others_keep_being_served() {
         1,
         "no partial request reached the upstream"
     );
-    assert_eq!(
-        client()
-            .get(gateway.url() + "/ok")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    still_serving(&gateway, "/ok").await;
 }
 
 #[tokio::test]
@@ -100,15 +84,7 @@ async fn slow_bodies_get_408_and_release_their_slot() {
         );
         assert!(String::from_utf8_lossy(&answer).contains("application/problem+json"));
     }
-    assert_eq!(
-        client()
-            .get(gateway.url() + "/ok")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    still_serving(&gateway, "/ok").await;
 }
 
 #[tokio::test]
@@ -138,13 +114,5 @@ async fn many_malformed_requests_leave_the_gateway_serving() {
         }
     }
     assert_eq!(upstream.hit_count(), 0);
-    assert_eq!(
-        client()
-            .get(gateway.url() + "/ok")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    still_serving(&gateway, "/ok").await;
 }

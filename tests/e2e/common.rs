@@ -15,6 +15,16 @@ pub fn client() -> reqwest::Client {
         .expect("reqwest client")
 }
 
+/// Asserts that an ordinary `GET path` through `gateway` still answers 200.
+pub async fn still_serving(gateway: &GatewayProcess, path: &str) {
+    let response = client().get(gateway.url() + path).send().await.unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "the gateway keeps serving after bad input"
+    );
+}
+
 /// A config with one upstream `u` at `upstream_url` routed from `/`, no retries, plus `extra`
 /// lines inside the upstream table.
 pub fn single_route_config(upstream_url: &str, upstream_extra: &str) -> String {

@@ -55,7 +55,7 @@ const H2_PREFACE_LINE: &[u8] = b"PRI * HTTP/2.0\r\n";
 #[derive(Debug)]
 pub struct FramingGuard<IO> {
     io: IO,
-    scanner: Scanner,
+    position: Position,
     /// Bytes taken from `io` that hyper has not received: an incomplete head, or the
     /// refusal head that replaced a refused one.
     held: Vec<u8>,
@@ -97,38 +97,34 @@ enum Scan {
     Refused(usize, Refusal),
 }
 
-#[derive(Debug)]
-struct Scanner {
-    position: Position,
-}
+// === impl Position ===
 
-// === impl Scanner ===
-
-impl Scanner {
+impl Position {
+    /// Follows the stream through `bytes`, advancing `self` past every complete message.
     fn scan(&mut self, bytes: &[u8]) -> Scan {
         let mut at = 0;
         while at < bytes.len() {
-            match self.position {
+            match *self {
                 Position::PassThrough | Position::Refused => return Scan::Clear,
                 Position::Length(left) => {
                     let take = left.min((bytes.len() - at) as u64);
                     at += take as usize;
-                    self.position = match left - take {
+                    *self = match left - take {
                         0 => Position::Head { first: false },
                         left => Position::Length(left),
                     };
                 }
                 Position::Chunked(mut tracker) => match tracker.advance(&bytes[at..]) {
                     Progress::Continues => {
-                        self.position = Position::Chunked(tracker);
+                        *self = Position::Chunked(tracker);
                         return Scan::Clear;
                     }
                     Progress::Ended(used) => {
                         at += used;
-                        self.position = Position::Head { first: false };
+                        *self = Position::Head { first: false };
                     }
                     Progress::Lost => {
-                        self.position = Position::PassThrough;
+                        *self = Position::PassThrough;
                         return Scan::Clear;
                     }
                 },
@@ -141,18 +137,18 @@ impl Scanner {
                         return Scan::HeadIncomplete(at);
                     }
                     if first && rest.starts_with(H2_PREFACE_LINE) {
-                        self.position = Position::PassThrough;
+                        *self = Position::PassThrough;
                         return Scan::Clear;
                     }
                     match head::inspect(rest) {
                         HeadVerdict::Incomplete => return Scan::HeadIncomplete(at),
                         HeadVerdict::Refused(refusal) => {
-                            self.position = Position::Refused;
+                            *self = Position::Refused;
                             return Scan::Refused(at, refusal);
                         }
                         HeadVerdict::Complete { len, body } => {
                             at += len;
-                            self.position = match body {
+                            *self = match body {
                                 BodyFraming::Empty => Position::Head { first: false },
                                 BodyFraming::Length(n) => Position::Length(n),
                                 BodyFraming::Chunked => Position::Chunked(ChunkTracker::new()),
@@ -184,9 +180,7 @@ impl<IO> FramingGuard<IO> {
     pub fn new(io: IO, max_head_bytes: usize, head_timeout: std::time::Duration) -> Self {
         Self {
             io,
-            scanner: Scanner {
-                position: Position::Head { first: true },
-            },
+            position: Position::Head { first: true },
             held: Vec::new(),
             releasable: 0,
             released: 0,
@@ -198,7 +192,7 @@ impl<IO> FramingGuard<IO> {
 
     /// Is the connection's first head still incomplete?
     fn awaiting_first_head(&self) -> bool {
-        self.scanner.position == (Position::Head { first: true })
+        self.position == (Position::Head { first: true })
     }
 
     /// Called when the connection has nothing to read: `Err` once the first head is overdue.
@@ -253,7 +247,7 @@ impl<IO> FramingGuard<IO> {
                 self.releasable += at;
                 if self.held.len() - self.releasable > self.max_head_bytes {
                     // Too long to hold: let hyper see it and answer 431.
-                    self.scanner.position = Position::PassThrough;
+                    self.position = Position::PassThrough;
                     self.releasable = self.held.len();
                 }
             }
@@ -295,7 +289,7 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
             if self.release(buf) {
                 return Poll::Ready(Ok(()));
             }
-            if self.scanner.position == Position::Refused {
+            if self.position == Position::Refused {
                 // Never read past a refused head; hyper closes after answering it.
                 return Poll::Pending;
             }
@@ -309,7 +303,7 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
                 if fresh == 0 {
                     return Poll::Ready(Ok(()));
                 }
-                match self.scanner.scan(&buf.filled()[before..]) {
+                match self.position.scan(&buf.filled()[before..]) {
                     Scan::Clear => return Poll::Ready(Ok(())),
                     Scan::HeadIncomplete(at) => {
                         self.held.extend_from_slice(&buf.filled()[before + at..]);
@@ -333,11 +327,11 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
                 buf.set_filled(before);
                 if fresh == 0 {
                     // End of stream mid-head: hand over what there is; hyper reports it.
-                    self.scanner.position = Position::PassThrough;
+                    self.position = Position::PassThrough;
                     self.releasable = self.held.len();
                     continue;
                 }
-                let scan = self.scanner.scan(&self.held[self.releasable..]);
+                let scan = self.position.scan(&self.held[self.releasable..]);
                 self.settle_held(scan);
             }
         }
