@@ -168,12 +168,9 @@ pub async fn run(
 
     let listener = bind(config.server.listen, "server.listen").await?;
     let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
-    let options = serve_options(&config, config.server.tls.as_ref(), "server.tls")?;
-    let admin_options = serve_options(
-        &config,
-        config.server.admin_tls.as_ref(),
-        "server.admin_tls",
-    )?;
+    let options = serve_options(&config, Listener::Proxy)?;
+    let admin_options = serve_options(&config, Listener::Admin)?;
+    ensure_descriptors(options.max_connections + admin_options.max_connections);
     // Certificates reload on SIGHUP and on file change until the proxy listener has drained.
     let reloadable = [&config.server.tls, &config.server.admin_tls];
     let mut reload_rx = stop_rx.clone();
@@ -262,24 +259,82 @@ fn admin_router(
     }))
 }
 
-/// Listener settings from `[server]`, terminating TLS with `cert` when configured.
-fn serve_options(
-    config: &Config,
-    cert: Option<&Arc<tls::ReloadableCert>>,
-    what: &'static str,
-) -> Result<ServeOptions, StartError> {
+/// Open connections at most on the admin listener: apart from the proxy listener's cap, so
+/// health checks and `/metrics` stay reachable when the proxy listener is full.
+const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// File descriptors kept for everything but client connections (upstream pools, stores,
+/// the database, logs).
+const RESERVED_DESCRIPTORS: u64 = 1024;
+
+/// The two listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listener {
+    Proxy,
+    Admin,
+}
+
+/// Listener settings from `[server]`, terminating TLS when the listener's table is set.
+fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, StartError> {
+    let (name, cert, what, max_connections) = match listener {
+        Listener::Proxy => (
+            "proxy",
+            config.server.tls.as_ref(),
+            "server.tls",
+            config.server.max_connections,
+        ),
+        Listener::Admin => (
+            "admin",
+            config.server.admin_tls.as_ref(),
+            "server.admin_tls",
+            ADMIN_MAX_CONNECTIONS,
+        ),
+    };
     let tls = cert
         .map(|cert| tls::acceptor(cert.clone()))
         .transpose()
         .map_err(|source| StartError::Tls { what, source })?;
     Ok(ServeOptions {
+        name,
         header_read_timeout: config.server.header_read_timeout,
+        keep_alive_timeout: config.server.keep_alive_timeout,
+        max_connections,
         max_header_bytes: config.server.max_header_bytes,
         shutdown_grace: config.server.shutdown_grace,
         h2c: config.server.h2c,
         http2: config.server.http2,
         tls,
     })
+}
+
+/// Raises the soft open-files limit toward the hard one when the connection caps need
+/// more, and warns when even the hard limit is too low: past it, accepting fails and
+/// connections beyond the cap are never reached.
+fn ensure_descriptors(connections: usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let needed = connections as u64 + RESERVED_DESCRIPTORS;
+    let limit = getrlimit(Resource::Nofile);
+    let current = limit.current.unwrap_or(u64::MAX);
+    if current >= needed {
+        return;
+    }
+    let target = limit.maximum.unwrap_or(u64::MAX).min(needed);
+    let raised = rustix::process::Rlimit {
+        current: Some(target),
+        maximum: limit.maximum,
+    };
+    let now = if target > current && setrlimit(Resource::Nofile, raised).is_ok() {
+        target
+    } else {
+        current
+    };
+    if now < needed {
+        tracing::warn!(
+            open_files = now,
+            needed,
+            "server.max_connections = {}: the open-files limit is too low for it; raise `ulimit -n` or lower the cap",
+            connections.saturating_sub(ADMIN_MAX_CONNECTIONS)
+        );
+    }
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {

@@ -42,5 +42,9 @@ mod admin_api;
 mod quota_periods;
 // Edge TLS and HTTP/2 from clients: h2 + HTTP/1.1 headers, certificate rotation, admin certificate, h2 limits, smuggling.
 mod tls_edge;
+// Connections from hostile or careless clients: ALPN vs bytes, h2c off, silent connections, keep-alive, head deadlines, connection cap.
+mod edge_connections;
+// Answers given before the body is read (413, 429, 401) reach clients that send the whole body first.
+mod edge_early_answers;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;

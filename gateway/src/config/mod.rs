@@ -113,6 +113,10 @@ pub struct ServerSettings {
     pub shutdown_grace: Duration,
     /// Request head read bound.
     pub header_read_timeout: Duration,
+    /// Idle keep-alive bound.
+    pub keep_alive_timeout: Duration,
+    /// Connection cap of the proxy listener.
+    pub max_connections: usize,
     /// Request body read bound.
     pub body_read_timeout: Duration,
     /// Log format.

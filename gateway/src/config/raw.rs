@@ -20,6 +20,10 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 pub const DEFAULT_SHUTDOWN_GRACE: HumanDuration = HumanDuration::secs(30);
 /// Default time a client has to send its request head (slowloris defence).
 pub const DEFAULT_HEADER_READ_TIMEOUT: HumanDuration = HumanDuration::secs(10);
+/// Default `server.keep_alive_timeout`: nginx's `keepalive_timeout`.
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: HumanDuration = HumanDuration::secs(75);
+/// Default `server.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -66,8 +70,12 @@ pub struct RawServer {
     pub trusted_proxies: Vec<String>,
     /// Bound on graceful shutdown.
     pub shutdown_grace: HumanDuration,
-    /// Bound on receiving a request head.
+    /// Bound on receiving a request head (and a fresh connection's first request).
     pub header_read_timeout: HumanDuration,
+    /// Idle keep-alive connections are closed after this; advertised as `Keep-Alive`.
+    pub keep_alive_timeout: HumanDuration,
+    /// Open client connections on the proxy listener at most.
+    pub max_connections: usize,
     /// Bound on receiving a whole request body.
     pub body_read_timeout: HumanDuration,
     /// `"human"` or `"json"` logs.
@@ -95,6 +103,8 @@ impl Default for RawServer {
             trusted_proxies: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             body_read_timeout: HumanDuration::secs(30),
             log_format: "human".into(),
             worker_threads: 0,

@@ -114,6 +114,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         1 << 20,
     );
     issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
+    issues.range("server.max_connections", raw.max_connections, 1, 1_000_000);
     issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
     duration_range(
         issues,
@@ -128,6 +129,13 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         raw.header_read_timeout.get(),
         Duration::from_millis(100),
         Duration::from_secs(300),
+    );
+    duration_range(
+        issues,
+        "server.keep_alive_timeout",
+        raw.keep_alive_timeout.get(),
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
     );
     duration_range(
         issues,
@@ -165,6 +173,8 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         trusted_proxies,
         shutdown_grace: raw.shutdown_grace.get(),
         header_read_timeout: raw.header_read_timeout.get(),
+        keep_alive_timeout: raw.keep_alive_timeout.get(),
+        max_connections: raw.max_connections,
         body_read_timeout: raw.body_read_timeout.get(),
         log_format,
         worker_threads: raw.worker_threads,

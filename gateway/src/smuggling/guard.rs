@@ -20,18 +20,27 @@
 //! mistaken for an aborted one.
 //!
 //! The guard stops inspecting — and passes bytes through untouched — where it cannot
-//! follow the stream for certain: after an HTTP/2 preface (h2c), when a head outgrows the
-//! read limit (hyper then answers 431), or when a chunked body breaks the grammar (hyper
-//! then rejects it and closes). hyper's own defences still apply there. CONNECT and Upgrade
-//! heads are followed like any other: the gateway never tunnels or switches protocols.
+//! follow the stream for certain: when a head outgrows the read limit (hyper then answers
+//! 431), or when a chunked body breaks the grammar (hyper then rejects it and closes).
+//! hyper's own defences still apply there. CONNECT and Upgrade heads are followed like any
+//! other: the gateway never tunnels or switches protocols. The guard only ever sees
+//! HTTP/1 connections (the listener picks the protocol first), so an HTTP/2 preface here
+//! is an unsupported version, answered 505.
 //!
-//! Holding back a partial head hides it from hyper, which matters for a connection's first
-//! head: with h2c on, protocol detection waits for a byte that differs from the HTTP/2
-//! preface, with no timeout of its own, and hyper's header-read timer starts only after it.
-//! So the guard keeps its own deadline until the first head is complete. Later heads need
-//! none: hyper's timer runs whenever hyper waits for a head, whether or not the guard holds
-//! part of it — and a partial next head held while a response is still in flight must not
-//! count against anything.
+//! Holding back a partial head hides it from hyper, so hyper cannot time it: the guard
+//! reports it to the connection's [`Activity`], whose watchdog bounds every head (and the
+//! idle time between requests) — see `server::activity`.
+//!
+//! # Lingering close
+//!
+//! A client that sends its whole body before reading (no `Expect: 100-continue`) and is
+//! answered early — 413, 429, 401 before the body is read — would otherwise lose that
+//! answer: closing a socket with unread bytes makes the kernel send a reset, and the reset
+//! discards the response the client has not read yet. So when hyper closes a connection
+//! that may still have request bytes in flight, the guard first half-closes (FIN), then
+//! reads and discards what the client still sends, for at most [`LINGERING_TIME`] in
+//! all, [`LINGERING_TIMEOUT`] between reads and [`LINGERING_BYTES`] bytes, as nginx's
+//! `lingering_close` does (its defaults: 30 s and 5 s).
 //!
 //! Cost on the common path: the head is parsed once more (httparse, no allocation) and the
 //! bytes are read straight into hyper's buffer; only a head split across reads is copied.
@@ -41,15 +50,23 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use super::chunked::{ChunkTracker, Progress};
 use super::head::{self, BodyFraming, HeadVerdict, Refusal};
 use super::REFUSAL_HEADER;
+use crate::server::Activity;
 
-/// The first line of the HTTP/2 connection preface (h2c prior knowledge).
-const H2_PREFACE_LINE: &[u8] = b"PRI * HTTP/2.0\r\n";
+/// The longest a closing connection reads and discards what its client still sends.
+pub const LINGERING_TIME: Duration = Duration::from_secs(30);
+/// The longest a lingering close waits for the client's next bytes.
+pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most a lingering close discards.
+pub const LINGERING_BYTES: u64 = 64 << 20;
 
 /// Wraps a client connection that hyper serves as HTTP/1.x.
 #[derive(Debug)]
@@ -65,17 +82,39 @@ pub struct FramingGuard<IO> {
     released: usize,
     /// The longest head held back; past it the guard stops inspecting.
     max_head_bytes: usize,
-    /// How long the connection's first head may take to arrive.
-    head_timeout: std::time::Duration,
-    /// Running from the first read that found nothing until the first head is complete.
-    head_deadline: Option<Pin<Box<Sleep>>>,
+    /// Where partial heads are reported, for the connection's watchdog.
+    activity: Arc<Activity>,
+    /// Set once hyper closes the connection.
+    closing: Option<Box<Linger>>,
+}
+
+/// A closing connection's state.
+#[derive(Debug)]
+struct Linger {
+    state: LingerState,
+    discarded: u64,
+    until: Instant,
+    quiet: Pin<Box<Sleep>>,
+}
+
+/// The steps of a close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LingerState {
+    /// Sending our FIN (TLS: close_notify).
+    Shutting,
+    /// Looking once for bytes already waiting.
+    Peeking,
+    /// Discarding what the client sends until it stops, or the bounds are reached.
+    Draining,
+    /// Closed.
+    Done,
 }
 
 /// Where in the request stream the next byte falls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Position {
-    /// At a request head; `first` on a fresh connection (where an h2 preface may come).
-    Head { first: bool },
+    /// At a request head.
+    Head,
     /// Inside a body of this many remaining bytes.
     Length(u64),
     /// Inside a chunked body.
@@ -110,7 +149,7 @@ impl Position {
                     let take = left.min((bytes.len() - at) as u64);
                     at += take as usize;
                     *self = match left - take {
-                        0 => Position::Head { first: false },
+                        0 => Position::Head,
                         left => Position::Length(left),
                     };
                 }
@@ -121,25 +160,15 @@ impl Position {
                     }
                     Progress::Ended(used) => {
                         at += used;
-                        *self = Position::Head { first: false };
+                        *self = Position::Head;
                     }
                     Progress::Lost => {
                         *self = Position::PassThrough;
                         return Scan::Clear;
                     }
                 },
-                Position::Head { first } => {
+                Position::Head => {
                     let rest = &bytes[at..];
-                    if first
-                        && rest.len() < H2_PREFACE_LINE.len()
-                        && H2_PREFACE_LINE.starts_with(rest)
-                    {
-                        return Scan::HeadIncomplete(at);
-                    }
-                    if first && rest.starts_with(H2_PREFACE_LINE) {
-                        *self = Position::PassThrough;
-                        return Scan::Clear;
-                    }
                     match head::inspect(rest) {
                         HeadVerdict::Incomplete => return Scan::HeadIncomplete(at),
                         HeadVerdict::Refused(refusal) => {
@@ -149,7 +178,7 @@ impl Position {
                         HeadVerdict::Complete { len, body } => {
                             at += len;
                             *self = match body {
-                                BodyFraming::Empty => Position::Head { first: false },
+                                BodyFraming::Empty => Position::Head,
                                 BodyFraming::Length(n) => Position::Length(n),
                                 BodyFraming::Chunked => Position::Chunked(ChunkTracker::new()),
                             };
@@ -175,41 +204,34 @@ fn refusal_head(refusal: Refusal) -> Vec<u8> {
 
 impl<IO> FramingGuard<IO> {
     /// Guards a fresh connection. Heads longer than `max_head_bytes` are passed through
-    /// uninspected (hyper's own size limit answers them); a head the guard waits for longer
-    /// than `head_timeout` ends the connection.
-    pub fn new(io: IO, max_head_bytes: usize, head_timeout: std::time::Duration) -> Self {
+    /// uninspected (hyper's own size limit answers them); a head that arrives in part is
+    /// reported to `activity`, whose watchdog bounds it in time.
+    pub fn new(io: IO, max_head_bytes: usize, activity: Arc<Activity>) -> Self {
         Self {
             io,
-            position: Position::Head { first: true },
+            position: Position::Head,
             held: Vec::new(),
             releasable: 0,
             released: 0,
             max_head_bytes,
-            head_timeout,
-            head_deadline: None,
+            activity,
+            closing: None,
         }
     }
 
-    /// Is the connection's first head still incomplete?
-    fn awaiting_first_head(&self) -> bool {
-        self.position == (Position::Head { first: true })
+    /// Tells the watchdog whether a head is arriving in part.
+    fn report_head(&self) {
+        if self.position == Position::Head && self.held.len() > self.releasable {
+            self.activity.head_started();
+        } else {
+            self.activity.head_done();
+        }
     }
 
-    /// Called when the connection has nothing to read: `Err` once the first head is overdue.
-    fn poll_head_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.awaiting_first_head() {
-            self.head_deadline = None;
-            return Poll::Pending;
-        }
-        let timeout = self.head_timeout;
-        let deadline = self
-            .head_deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        ready!(deadline.as_mut().poll(cx));
-        Poll::Ready(Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "request head not received in time",
-        )))
+    /// May request bytes still be on their way (a body hyper stopped reading, a refused or
+    /// uninspected stream, a head held back)?
+    fn may_have_unread_input(&self) -> bool {
+        self.position != Position::Head || self.released < self.held.len()
     }
 
     /// The wrapped connection.
@@ -271,10 +293,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FramingGuard<IO> {
             return Poll::Ready(Ok(()));
         }
         let read = this.poll_read_guarded(cx, buf);
-        if read.is_ready() && this.head_deadline.is_some() && !this.awaiting_first_head() {
-            // The first head is through; from here hyper times every head itself.
-            this.head_deadline = None;
-        }
+        this.report_head();
         read
     }
 }
@@ -295,7 +314,7 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
             }
             let before = buf.filled().len();
             if Pin::new(&mut self.io).poll_read(cx, buf)?.is_pending() {
-                return self.poll_head_deadline(cx);
+                return Poll::Pending;
             }
             let fresh = buf.filled().len() - before;
             if self.held.is_empty() {
@@ -338,7 +357,7 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -364,219 +383,61 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        self.get_mut().poll_close(cx)
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> FramingGuard<IO> {
+    /// Shuts our side down, then lingers while the client may still be sending.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let may_have_unread_input = self.may_have_unread_input();
+        let linger = self.closing.get_or_insert_with(|| {
+            Box::new(Linger {
+                state: LingerState::Shutting,
+                discarded: 0,
+                until: Instant::now() + LINGERING_TIME,
+                quiet: Box::pin(tokio::time::sleep(LINGERING_TIMEOUT)),
+            })
+        });
+        if linger.state == LingerState::Shutting {
+            ready!(Pin::new(&mut self.io).poll_shutdown(cx))?;
+            // Linger where bytes may be on their way, or already wait in the socket (nginx
+            // decides the same way: an unread body, pipelined data, a readable socket).
+            linger.state = if may_have_unread_input {
+                LingerState::Draining
+            } else {
+                LingerState::Peeking
+            };
+        }
+        let mut scratch = [0u8; 4096];
+        while linger.state != LingerState::Done {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    linger.discarded += buf.filled().len() as u64;
+                    let quiet_until = (Instant::now() + LINGERING_TIMEOUT).min(linger.until);
+                    linger.quiet.as_mut().reset(quiet_until);
+                    linger.state = if linger.discarded < LINGERING_BYTES {
+                        LingerState::Draining
+                    } else {
+                        LingerState::Done
+                    };
+                }
+                // End of stream or a broken connection: nothing left to protect.
+                Poll::Ready(_) => linger.state = LingerState::Done,
+                // Nothing waiting in the socket: close at once.
+                Poll::Pending if linger.state == LingerState::Peeking => {
+                    linger.state = LingerState::Done
+                }
+                Poll::Pending => {
+                    ready!(linger.quiet.as_mut().poll(cx));
+                    linger.state = LingerState::Done;
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// What hyper would receive when `stream` arrives in pieces of `split` bytes.
-    async fn through_guard(stream: &[u8], split: usize) -> Vec<u8> {
-        let (client, server) = tokio::io::duplex(64 * 1024);
-        let mut guard = FramingGuard::new(server, 4096, std::time::Duration::from_secs(30));
-        let stream = stream.to_vec();
-        let writer = tokio::spawn(async move {
-            let mut client = client;
-            for piece in stream.chunks(split.max(1)) {
-                client.write_all(piece).await.unwrap();
-                tokio::task::yield_now().await;
-            }
-            client.shutdown().await.unwrap();
-            client
-        });
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 97];
-        loop {
-            let read =
-                tokio::time::timeout(std::time::Duration::from_secs(5), guard.read(&mut buf));
-            match read.await {
-                Ok(Ok(0)) => break,
-                Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
-                Ok(Err(err)) => panic!("{err}"),
-                // Pending for good: the guard refused a head and stopped reading.
-                Err(_) => break,
-            }
-        }
-        drop(writer.await.unwrap());
-        seen
-    }
-
-    const PIPELINE: &[u8] = b"GET /one HTTP/1.1\r\nHost: a\r\n\r\nPOST /two HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloPOST /three HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /four HTTP/1.1\r\n\r\n";
-
-    #[tokio::test(start_paused = true)]
-    async fn well_formed_pipelines_pass_untouched_however_they_are_split() {
-        for split in [1, 2, 3, 7, 16, 50, 4096] {
-            assert_eq!(
-                through_guard(PIPELINE, split).await,
-                PIPELINE,
-                "split {split}"
-            );
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_conflicting_head_is_replaced_and_nothing_after_it_is_read() {
-        let attack = b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n";
-        let stream = [PIPELINE, &attack[..]].concat();
-        let expected = [
-            PIPELINE,
-            &refusal_head(Refusal::LengthWithTransferEncoding)[..],
-        ]
-        .concat();
-        for split in [1, 5, 33, 4096] {
-            assert_eq!(
-                through_guard(&stream, split).await,
-                expected,
-                "split {split}"
-            );
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn body_bytes_are_never_read_as_heads() {
-        // A body that looks like a conflicting request must not be refused.
-        let inner = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
-        let carrier = [
-            format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", inner.len()).as_bytes(),
-            inner,
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-            format!("{:x}\r\n", inner.len()).as_bytes(),
-            inner,
-            b"\r\n0\r\n\r\n",
-        ]
-        .concat();
-        for split in [1, 9, 4096] {
-            assert_eq!(
-                through_guard(&carrier, split).await,
-                carrier,
-                "split {split}"
-            );
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn h2_prefaces_and_oversized_heads_pass_through() {
-        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
-        for split in [1, 3, 4096] {
-            assert_eq!(through_guard(preface, split).await, preface);
-        }
-        let huge = format!(
-            "GET / HTTP/1.1\r\nX-Big: {}\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-            "a".repeat(5000)
-        );
-        assert_eq!(through_guard(huge.as_bytes(), 1000).await, huge.as_bytes());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_ending_mid_head_is_handed_over_as_it_is() {
-        let cut = b"GET / HTTP/1.1\r\nHost: a";
-        assert_eq!(through_guard(cut, 4).await, cut);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_head_the_guard_waits_for_is_bounded_in_time() {
-        use std::time::Duration;
-        let timeout = Duration::from_secs(2);
-        let mut buf = [0u8; 256];
-
-        // Nothing at all on a fresh connection.
-        let (_client, server) = tokio::io::duplex(1024);
-        let mut guard = FramingGuard::new(server, 4096, timeout);
-        let err = guard.read(&mut buf).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-
-        // Part of a head, then silence.
-        let (mut client, server) = tokio::io::duplex(1024);
-        let mut guard = FramingGuard::new(server, 4096, timeout);
-        client
-            .write_all(b"GET / HTTP/1.1\r\nX-Slow: ")
-            .await
-            .unwrap();
-        let err = guard.read(&mut buf).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-
-        // A whole head, then an idle keep-alive connection: hyper's own timers decide.
-        let (mut client, server) = tokio::io::duplex(1024);
-        let mut guard = FramingGuard::new(server, 4096, timeout);
-        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        assert_eq!(guard.read(&mut buf).await.unwrap(), 18);
-        let idle = tokio::time::timeout(timeout * 10, guard.read(&mut buf)).await;
-        assert!(
-            idle.is_err(),
-            "an idle connection is not the guard's to close"
-        );
-        // Nor is a later head held in part (hyper may still be answering the first one;
-        // its own timer covers the heads it waits for).
-        client
-            .write_all(b"GET /next HTTP/1.1\r\nX-Slow: ")
-            .await
-            .unwrap();
-        let held = tokio::time::timeout(timeout * 10, guard.read(&mut buf)).await;
-        assert!(
-            held.is_err(),
-            "a later partial head is not the guard's to time"
-        );
-
-        // Heads that trickle in, each whole within the deadline, are all served, however
-        // long the connection lasts.
-        let (mut client, server) = tokio::io::duplex(1024);
-        let mut guard = FramingGuard::new(server, 4096, timeout);
-        let reader = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            let mut buf = [0u8; 256];
-            while seen.len() < 36 {
-                let n = guard.read(&mut buf).await.unwrap();
-                seen.extend_from_slice(&buf[..n]);
-            }
-            seen
-        });
-        for piece in [
-            &b"GET / HTTP/1.1\r\n"[..],
-            b"\r\n",
-            b"GET / HTTP/1.1\r\n",
-            b"\r\n",
-        ] {
-            tokio::time::sleep(timeout * 3 / 10).await;
-            client.write_all(piece).await.unwrap();
-        }
-        assert_eq!(reader.await.unwrap().len(), 36);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn held_bytes_stay_bounded_when_every_read_ends_mid_head() {
-        let (mut client, server) = tokio::io::duplex(1 << 16);
-        let mut guard = FramingGuard::new(server, 4096, std::time::Duration::from_secs(30));
-        let head = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
-        let mut buf = [0u8; 1024];
-        // Each write completes the previous head and starts the next one.
-        client.write_all(&head[..10]).await.unwrap();
-        for _ in 0..500 {
-            client.write_all(&head[10..]).await.unwrap();
-            client.write_all(&head[..10]).await.unwrap();
-            let n = guard.read(&mut buf).await.unwrap();
-            assert!(n > 0);
-            assert!(guard.held.len() <= 2 * head.len(), "{}", guard.held.len());
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn connect_and_upgrade_heads_do_not_switch_inspection_off() {
-        let attack =
-            b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
-        for opener in [
-            &b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n"[..],
-            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
-        ] {
-            let stream = [opener, &attack[..]].concat();
-            let expected = [
-                opener,
-                &refusal_head(Refusal::LengthWithTransferEncoding)[..],
-            ]
-            .concat();
-            assert_eq!(through_guard(&stream, 4096).await, expected);
-        }
-    }
-}
+mod tests;

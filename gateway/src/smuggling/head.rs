@@ -35,14 +35,19 @@ pub enum Refusal {
     ConflictingLengths,
     /// A `Content-Length` that is not a decimal number.
     InvalidLength,
-    /// `Transfer-Encoding` whose final coding is not `chunked`.
+    /// `Transfer-Encoding` other than exactly `chunked` (`gzip, chunked`, `identity`, …):
+    /// the gateway decodes no other coding, so it cannot forward the body faithfully.
     UnsupportedTransferEncoding,
+    /// `chunked` applied more than once (RFC 9112 §6.1 forbids it).
+    RepeatedChunked,
     /// `Transfer-Encoding` on an HTTP/1.0 request, which cannot carry it.
     TransferEncodingInHttp10,
     /// More header lines than the gateway reads.
     TooManyHeaders,
     /// Not an HTTP/1.x request head at all.
     MalformedHead,
+    /// A request line naming another HTTP version (`HTTP/2.0` as text, `HTTP/1.2`).
+    UnsupportedVersion,
 }
 
 /// What one request head says.
@@ -59,14 +64,16 @@ pub enum HeadVerdict {
 // === impl Refusal ===
 
 impl Refusal {
-    const ALL: [Refusal; 7] = [
+    const ALL: [Refusal; 9] = [
         Refusal::LengthWithTransferEncoding,
         Refusal::ConflictingLengths,
         Refusal::InvalidLength,
         Refusal::UnsupportedTransferEncoding,
+        Refusal::RepeatedChunked,
         Refusal::TransferEncodingInHttp10,
         Refusal::TooManyHeaders,
         Refusal::MalformedHead,
+        Refusal::UnsupportedVersion,
     ];
 
     /// The stable code.
@@ -76,9 +83,11 @@ impl Refusal {
             Refusal::ConflictingLengths => "conflicting-content-length",
             Refusal::InvalidLength => "invalid-content-length",
             Refusal::UnsupportedTransferEncoding => "unsupported-transfer-encoding",
+            Refusal::RepeatedChunked => "repeated-chunked",
             Refusal::TransferEncodingInHttp10 => "transfer-encoding-in-http-1.0",
             Refusal::TooManyHeaders => "too-many-headers",
             Refusal::MalformedHead => "malformed-request-head",
+            Refusal::UnsupportedVersion => "unsupported-http-version",
         }
     }
 
@@ -87,17 +96,23 @@ impl Refusal {
         Self::ALL.into_iter().find(|r| r.code().as_bytes() == code)
     }
 
-    /// 431 for too many header lines, 400 for everything else.
+    /// 431 for too many header lines, 501 for a transfer coding the gateway does not
+    /// implement, 505 for another HTTP version, 400 for everything else (as nginx answers).
     pub fn status(self) -> StatusCode {
         match self {
             Refusal::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::UnsupportedTransferEncoding => StatusCode::NOT_IMPLEMENTED,
+            Refusal::UnsupportedVersion => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
     /// Does this refusal concern message framing (a smuggling vector)?
     pub fn is_framing(self) -> bool {
-        !matches!(self, Refusal::TooManyHeaders | Refusal::MalformedHead)
+        !matches!(
+            self,
+            Refusal::TooManyHeaders | Refusal::MalformedHead | Refusal::UnsupportedVersion
+        )
     }
 
     /// What the client is told.
@@ -111,13 +126,19 @@ impl Refusal {
             }
             Refusal::InvalidLength => "the request's Content-Length is not a decimal number",
             Refusal::UnsupportedTransferEncoding => {
-                "the request's Transfer-Encoding does not end in chunked, so its end is unknown"
+                "the gateway accepts no Transfer-Encoding other than exactly chunked"
+            }
+            Refusal::RepeatedChunked => {
+                "the request's Transfer-Encoding applies chunked more than once, so its end is ambiguous"
             }
             Refusal::TransferEncodingInHttp10 => {
                 "an HTTP/1.0 request cannot use Transfer-Encoding"
             }
             Refusal::TooManyHeaders => "the request has more than 100 header lines",
             Refusal::MalformedHead => "the request head is not valid HTTP/1.1",
+            Refusal::UnsupportedVersion => {
+                "the request line names an HTTP version other than HTTP/1.0 or HTTP/1.1; HTTP/2 needs TLS with ALPN h2, or prior knowledge where h2c is enabled"
+            }
         }
     }
 }
@@ -137,6 +158,7 @@ pub fn inspect(bytes: &[u8]) -> HeadVerdict {
         Err(httparse::Error::TooManyHeaders) => {
             return HeadVerdict::Refused(Refusal::TooManyHeaders)
         }
+        Err(httparse::Error::Version) => return HeadVerdict::Refused(Refusal::UnsupportedVersion),
         Err(_) => return HeadVerdict::Refused(Refusal::MalformedHead),
     };
     match framing(&request) {
@@ -153,15 +175,22 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
     let mut lengths_conflict = false;
     let mut length_invalid = false;
     let mut transfer_encoding = false;
-    // Like hyper: the final coding of the *last* Transfer-Encoding line decides.
-    let mut chunked = false;
+    // Codings across every Transfer-Encoding line, in order (RFC 9110 §5.3: lines combine).
+    let mut chunked_count = 0usize;
+    let mut other_coding = false;
     for header in request.headers.iter() {
         if header.name.eq_ignore_ascii_case("transfer-encoding") {
             if !http11 {
                 return Err(Refusal::TransferEncodingInHttp10);
             }
             transfer_encoding = true;
-            chunked = ends_in_chunked(header.value);
+            for coding in codings(header.value) {
+                match coding {
+                    Some(c) if c.eq_ignore_ascii_case(b"chunked") => chunked_count += 1,
+                    Some([]) => {}
+                    _ => other_coding = true,
+                }
+            }
         } else if header.name.eq_ignore_ascii_case("content-length") {
             // hyper's server takes one number per line, so a list ("5, 5") is refused even
             // when its elements agree; a list that disagrees is named as the conflict it is.
@@ -188,9 +217,16 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
     if length_invalid {
         return Err(Refusal::InvalidLength);
     }
-    if transfer_encoding && !chunked {
+    if chunked_count > 1 {
+        return Err(Refusal::RepeatedChunked);
+    }
+    // Exactly `chunked`, as nginx requires (it answers 501 for anything else): the gateway
+    // implements no other coding, and forwarding `gzip, chunked` as a plain body would
+    // hand the backend bytes it cannot read.
+    if transfer_encoding && (other_coding || chunked_count == 0) {
         return Err(Refusal::UnsupportedTransferEncoding);
     }
+    let chunked = chunked_count == 1;
     // CONNECT and `Upgrade` heads are framed like any other: the gateway never tunnels or
     // switches protocols (Upgrade is hop-by-hop and not forwarded), so hyper goes on
     // reading HTTP/1.1 after them — or, after a 2xx to CONNECT, closes the connection.
@@ -204,16 +240,19 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
     })
 }
 
-fn ends_in_chunked(value: &[u8]) -> bool {
-    // hyper reads the value as a visible-ASCII string; anything else is not chunked to it.
+/// The codings of one Transfer-Encoding line, trimmed; `None` for the whole line when it is
+/// not visible ASCII (hyper would not read it as `chunked` either).
+fn codings(value: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
     let visible = value
         .iter()
         .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
-    visible
-        && value
-            .rsplit(|b| *b == b',')
-            .next()
-            .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+    let mut parts = value.split(|b| *b == b',').map(|c| Some(c.trim_ascii()));
+    let mut invalid = (!visible).then_some(None);
+    std::iter::from_fn(move || match invalid.take() {
+        Some(none) => Some(none),
+        None if visible => parts.next(),
+        None => None,
+    })
 }
 
 /// Digits only (no sign, no spaces inside), at most hyper's largest body length.
@@ -271,7 +310,7 @@ mod tests {
             BodyFraming::Empty
         );
         assert_eq!(
-            body("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n"),
+            body("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n"),
             BodyFraming::Chunked
         );
         assert_eq!(
@@ -341,10 +380,42 @@ mod tests {
             let head = format!("POST / HTTP/1.1\r\nContent-Length: {length}\r\n\r\n");
             assert_eq!(refused(&head), Refusal::InvalidLength, "{head:?}");
         }
-        assert_eq!(
-            refused("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
-            Refusal::UnsupportedTransferEncoding
-        );
+        for te in [
+            "chunked, gzip",
+            "gzip, chunked",
+            "identity",
+            "gzip",
+            "chunked;q=1",
+            "",
+        ] {
+            let head = format!("POST / HTTP/1.1\r\nTransfer-Encoding: {te}\r\n\r\n");
+            assert_eq!(
+                refused(&head),
+                Refusal::UnsupportedTransferEncoding,
+                "{head:?}"
+            );
+            assert_eq!(
+                Refusal::UnsupportedTransferEncoding.status(),
+                StatusCode::NOT_IMPLEMENTED
+            );
+        }
+        for te in [
+            "chunked, chunked",
+            "chunked,chunked",
+            "chunked\r\nTransfer-Encoding: chunked",
+        ] {
+            let head = format!("POST / HTTP/1.1\r\nTransfer-Encoding: {te}\r\n\r\n");
+            assert_eq!(refused(&head), Refusal::RepeatedChunked, "{head:?}");
+        }
+        for line in [
+            "PRI * HTTP/2.0",
+            "GET / HTTP/2.0",
+            "GET / HTTP/1.2",
+            "GET / HTTP/3",
+        ] {
+            let head = format!("{line}\r\nHost: a\r\n\r\n");
+            assert_eq!(refused(&head), Refusal::UnsupportedVersion, "{head:?}");
+        }
         assert_eq!(
             inspect(b"POST / HTTP/1.1\r\nTransfer-Encoding: \xe9, chunked\r\n\r\n"),
             HeadVerdict::Refused(Refusal::UnsupportedTransferEncoding)

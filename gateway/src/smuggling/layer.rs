@@ -77,12 +77,15 @@ fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body
         "request refused before routing"
     );
     metrics::counter!("requests_refused_total", "reason" => refusal.code()).increment(1);
-    let (slug, title) = if refusal.is_framing() {
-        ("conflicting-framing", "Ambiguous message framing")
-    } else if refusal == Refusal::TooManyHeaders {
-        ("headers-too-large", "Request header fields too large")
-    } else {
-        ("malformed-request", "Malformed request")
+    let (slug, title) = match refusal {
+        Refusal::TooManyHeaders => ("headers-too-large", "Request header fields too large"),
+        Refusal::UnsupportedTransferEncoding => (
+            "unsupported-transfer-encoding",
+            "Transfer coding not implemented",
+        ),
+        Refusal::UnsupportedVersion => ("unsupported-http-version", "HTTP version not supported"),
+        r if r.is_framing() => ("conflicting-framing", "Ambiguous message framing"),
+        _ => ("malformed-request", "Malformed request"),
     };
     let mut response = Problem::new(
         refusal.status(),

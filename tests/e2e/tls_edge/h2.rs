@@ -132,18 +132,19 @@ async fn h2c_can_be_turned_off() {
 }
 
 /// Asserts that `answer` (everything read until the gateway closed) holds `earlier`
-/// ordinary responses followed by exactly one 400/431 problem+json refusal naming `reason`,
-/// with `Connection: close`.
+/// ordinary responses followed by exactly one 400/431/501/505 problem+json refusal naming
+/// `reason`, with `Connection: close`.
 pub(crate) fn assert_refused(answer: Option<Vec<u8>>, earlier: usize, reason: &str) {
     let answer = answer.expect("the gateway closed the connection after refusing");
     let text = String::from_utf8_lossy(&answer);
     let responses: Vec<&str> = text.split("HTTP/1.1 ").skip(1).collect();
     assert_eq!(responses.len(), earlier + 1, "{text}");
     let refusal = responses[earlier].to_ascii_lowercase();
-    let status = if reason == "too-many-headers" {
-        "431 "
-    } else {
-        "400 "
+    let status = match reason {
+        "too-many-headers" => "431 ",
+        "unsupported-transfer-encoding" => "501 ",
+        "unsupported-http-version" => "505 ",
+        _ => "400 ",
     };
     assert!(refusal.starts_with(status), "{text}");
     assert!(
@@ -158,7 +159,7 @@ pub(crate) fn assert_refused(answer: Option<Vec<u8>>, earlier: usize, reason: &s
 }
 
 /// Request-smuggling vectors in front of a following request the attack tries to hide.
-pub(crate) const SMUGGLING_ATTEMPTS: [(&str, &str); 6] = [
+pub(crate) const SMUGGLING_ATTEMPTS: [(&str, &str); 8] = [
     (
         "Content-Length: 5\r\nContent-Length: 6",
         "conflicting-content-length",
@@ -177,6 +178,11 @@ pub(crate) const SMUGGLING_ATTEMPTS: [(&str, &str); 6] = [
         "unsupported-transfer-encoding",
     ),
     ("Content-Length: +5", "invalid-content-length"),
+    (
+        "Transfer-Encoding: gzip, chunked",
+        "unsupported-transfer-encoding",
+    ),
+    ("Transfer-Encoding: chunked, chunked", "repeated-chunked"),
 ];
 
 /// One attack: an ordinary GET, then `POST /b` with `framing`, a body readable either way,

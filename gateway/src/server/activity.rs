@@ -1,0 +1,244 @@
+//! What one client connection is doing, and when it has waited too long.
+//!
+//! Three parties share a connection's [`Activity`]:
+//!
+//! - the hyper service adapter counts requests in flight: an [`InFlight`] token is taken
+//!   when a request starts and dropped when its response body has been sent (or abandoned);
+//! - the framing guard (HTTP/1 only) reports a request head that arrived in part and is
+//!   still incomplete;
+//! - the connection's [`watchdog`](Activity::deadline) reads both and decides when the
+//!   connection has been silent too long.
+//!
+//! The timeouts, as nginx applies them (`client_header_timeout`, `keepalive_timeout`):
+//!
+//! | phase | bound | on expiry |
+//! |---|---|---|
+//! | fresh connection, no request yet (h1, h2, after TLS) | `header_read_timeout` | closed |
+//! | a request head arrived in part | `header_read_timeout`, from its first byte or from the end of the response before it, whichever is later | closed |
+//! | between requests (keep-alive), nothing in flight | `keep_alive_timeout` | closed gracefully (HTTP/2: GOAWAY) |
+//! | a request in flight or its response streaming | none here (attempt and body timeouts apply) | — |
+//!
+//! A head that arrives in one read never registers as "in part", so the common path costs
+//! two atomic operations per request and no timer reset.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The bounds a connection's watchdog applies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// A request head (or the first request of a connection) must arrive within this.
+    pub(crate) header_read: Duration,
+    /// An idle connection between requests is closed after this.
+    pub(crate) keep_alive: Duration,
+}
+
+/// Why a connection's wait ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// A request head did not arrive in time: close at once.
+    Head,
+    /// Nothing happened for the idle bound: close gracefully.
+    Idle,
+}
+
+/// Shared state of one connection: requests in flight, a request head arriving in part,
+/// and since when the connection has been idle. Times are milliseconds since it started.
+#[derive(Debug)]
+pub struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// A request has been received on this connection.
+    served: AtomicBool,
+    /// When the connection last became idle (no request in flight).
+    idle_since_ms: AtomicU64,
+    /// 1 + when the head now arriving in part started; 0 when none is.
+    head_since_ms: AtomicU64,
+    /// Wakes the watchdog when its deadline may have moved earlier or become due.
+    changed: Notify,
+}
+
+/// A request in flight on a connection; dropping it ends the request.
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<Activity>);
+
+// === impl Activity ===
+
+impl Activity {
+    /// A connection starting now (the framing guard of a fresh connection takes one).
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            idle_since_ms: AtomicU64::new(0),
+            head_since_ms: AtomicU64::new(0),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.started + Duration::from_millis(ms)
+    }
+
+    /// A request starts; the token ends it when dropped.
+    pub(crate) fn request(self: &Arc<Self>) -> InFlight {
+        self.served.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// The framing guard holds the start of a head that is not complete yet.
+    pub(crate) fn head_started(&self) {
+        if self.head_since_ms.load(Ordering::Relaxed) == 0 {
+            self.head_since_ms
+                .store(self.now_ms().saturating_add(1), Ordering::Relaxed);
+            // The head deadline may fall before the idle deadline the watchdog sleeps on.
+            self.changed.notify_one();
+        }
+    }
+
+    /// The head the guard was holding is complete (or handed over unparsed).
+    pub(crate) fn head_done(&self) {
+        self.head_since_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Is the connection between requests, with nothing arriving and nothing in flight?
+    pub(crate) fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && self.head_since_ms.load(Ordering::Relaxed) == 0
+    }
+
+    /// When the connection's current wait runs out, and what that means; `None` while a
+    /// request is in flight (then only [`changed`](Self::changed) ends the watchdog's wait).
+    pub(crate) fn deadline(&self, timeouts: &Timeouts) -> Option<(Instant, Expiry)> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let idle_since = self.idle_since_ms.load(Ordering::Relaxed);
+        match self.head_since_ms.load(Ordering::Relaxed) {
+            0 => {
+                let bound = if self.served.load(Ordering::Relaxed) {
+                    timeouts.keep_alive
+                } else {
+                    timeouts.header_read
+                };
+                Some((self.at(idle_since) + bound, Expiry::Idle))
+            }
+            head => {
+                // A head that began while a response was still going out is timed from
+                // the end of that response.
+                let from = idle_since.max(head - 1);
+                Some((self.at(from) + timeouts.header_read, Expiry::Head))
+            }
+        }
+    }
+
+    /// Resolves when the deadline may have changed: a request ended or a head started.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+}
+
+// === impl InFlight ===
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            activity
+                .idle_since_ms
+                .store(activity.now_ms(), Ordering::Relaxed);
+            activity.changed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        header_read: Duration::from_secs(10),
+        keep_alive: Duration::from_secs(75),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_connection_gets_the_header_bound() {
+        let activity = Activity::new();
+        let start = Instant::now();
+        assert_eq!(
+            activity.deadline(&TIMEOUTS),
+            Some((start + TIMEOUTS.header_read, Expiry::Idle))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_alive_runs_from_the_end_of_the_last_response() {
+        let activity = Activity::new();
+        let token = activity.request();
+        assert_eq!(activity.deadline(&TIMEOUTS), None, "busy: no deadline");
+        assert!(!activity.is_idle());
+        tokio::time::advance(Duration::from_secs(40)).await;
+        drop(token);
+        assert!(activity.is_idle());
+        let (at, why) = activity.deadline(&TIMEOUTS).unwrap();
+        assert_eq!(why, Expiry::Idle);
+        assert_eq!(at, Instant::now() + TIMEOUTS.keep_alive);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partial_head_is_timed_from_its_first_byte() {
+        let activity = Activity::new();
+        drop(activity.request());
+        tokio::time::advance(Duration::from_secs(30)).await;
+        activity.head_started();
+        let started = Instant::now();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        activity.head_started(); // later reads of the same head do not move it
+        assert_eq!(
+            activity.deadline(&TIMEOUTS),
+            Some((started + TIMEOUTS.header_read, Expiry::Head))
+        );
+        activity.head_done();
+        assert_eq!(activity.deadline(&TIMEOUTS).unwrap().1, Expiry::Idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_pipelined_behind_a_slow_response_is_timed_from_its_end() {
+        let activity = Activity::new();
+        let token = activity.request();
+        activity.head_started();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(activity.deadline(&TIMEOUTS), None);
+        drop(token);
+        assert_eq!(
+            activity.deadline(&TIMEOUTS),
+            Some((Instant::now() + TIMEOUTS.header_read, Expiry::Head))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_is_woken_when_a_request_ends() {
+        let activity = Activity::new();
+        let token = activity.request();
+        let waiter = tokio::spawn({
+            let activity = activity.clone();
+            async move { activity.changed().await }
+        });
+        tokio::task::yield_now().await;
+        drop(token);
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+    }
+}

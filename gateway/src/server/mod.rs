@@ -1,0 +1,396 @@
+//! The listener: accepts connections (at most `server.max_connections`), picks each
+//! connection's protocol, serves it with hyper, and bounds every silent phase.
+//!
+//! # Which protocol a connection gets
+//!
+//! | connection | served as |
+//! |---|---|
+//! | TLS, ALPN `h2` | HTTP/2 only |
+//! | TLS, ALPN `http/1.1` or none | HTTP/1.x only, through the [`FramingGuard`] |
+//! | plain, `server.h2c = true` | HTTP/2 if it opens with the prior-knowledge preface, else HTTP/1.x through the guard |
+//! | plain, `server.h2c = false` | HTTP/1.x only, through the guard (a preface is answered 505) |
+//!
+//! hyper's own HTTP/1 and HTTP/2 connection builders are used directly, one per protocol,
+//! so nothing downstream of this choice can switch protocols again.
+//!
+//! # Time limits
+//!
+//! Each connection runs under a watchdog ([`activity`]): the TLS handshake and the wait
+//! for a first request are bounded by `server.header_read_timeout`, and so is every request
+//! head that arrives in part; an idle connection between requests is closed after
+//! `server.keep_alive_timeout` (HTTP/2: GOAWAY), which HTTP/1 responses advertise as
+//! `Keep-Alive: timeout=N` so clients stop reusing the connection first.
+//!
+//! # Connection cap
+//!
+//! At the cap, the listener asks idle keep-alive connections to close (as nginx reuses
+//! idle connections when `worker_connections` runs out) and waits briefly for a slot; if
+//! none frees up, the new connection is closed at once and counted in
+//! `connections_refused_total{listener}`. The admin listener has a cap of its own, so
+//! `/healthz`, `/readyz` and `/metrics` stay reachable when the proxy listener is full.
+//!
+//! # Shutdown
+//!
+//! On shutdown the listener stops accepting, asks every connection to finish gracefully
+//! (HTTP/1: close after the response in flight; HTTP/2: GOAWAY), and waits for them within
+//! `server.shutdown_grace`.
+
+pub(crate) mod activity;
+mod service;
+mod sniff;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{HeaderValue, Request, Response};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tower::util::BoxCloneService;
+
+pub use self::activity::Activity;
+use self::activity::{Expiry, Timeouts};
+use self::service::ConnectionService;
+use self::sniff::{sniff, Protocol, Rewind};
+use crate::config::Http2Settings;
+use crate::smuggling::FramingGuard;
+use crate::tls::ALPN_H2;
+
+/// How long the listener waits for reclaimed idle connections to free a slot at the cap.
+const RECLAIM_WAIT: Duration = Duration::from_millis(50);
+/// How long a connection closed for idleness may take to say goodbye (GOAWAY, lingering).
+const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
+
+/// The assembled request pipeline.
+pub type HttpService = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
+
+/// Listener settings.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Metrics label of the listener (`proxy`, `admin`).
+    pub name: &'static str,
+    /// Bound on receiving a request head (slowloris defence); also bounds the TLS
+    /// handshake and a fresh connection's wait for its first request.
+    pub header_read_timeout: Duration,
+    /// Idle keep-alive connections are closed after this.
+    pub keep_alive_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Request head limit; hyper's read buffer is sized above it so the limits layer, not
+    /// hyper, answers first with a problem+json 431.
+    pub max_header_bytes: usize,
+    /// Bound on graceful shutdown.
+    pub shutdown_grace: Duration,
+    /// Detect HTTP/2 prior knowledge (h2c) on plain connections; otherwise HTTP/1.1 only.
+    pub h2c: bool,
+    /// HTTP/2 limits.
+    pub http2: Http2Settings,
+    /// Terminate TLS with this acceptor; `None` → plain HTTP.
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("name", &self.name)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("h2c", &self.h2c)
+            .field("http2", &self.http2)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Request extension: the request arrived over TLS (the proxy then forwards
+/// `X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientTls;
+
+/// Everything a connection task needs, built once per listener.
+struct Listener {
+    options: ServeOptions,
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    /// `Keep-Alive: timeout=N`, advertised on HTTP/1 responses.
+    keep_alive: HeaderValue,
+    /// The guard holds back at most what hyper would buffer for one head.
+    head_limit: usize,
+    /// Asks idle connections to close (connection cap reached).
+    reclaim: Notify,
+    /// `true` once the listener shuts down.
+    stop: watch::Receiver<bool>,
+}
+
+/// One accepted connection.
+struct Conn {
+    pipeline: HttpService,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+}
+
+/// hyper's read buffer: above the head limit, so the limits layer (not hyper) answers 431.
+fn read_buffer_bytes(options: &ServeOptions) -> usize {
+    (options.max_header_bytes + 16 * 1024).max(8192)
+}
+
+impl Listener {
+    fn new(options: ServeOptions, stop: watch::Receiver<bool>) -> Self {
+        let mut http1 = http1::Builder::new();
+        // Head and idle timing is the watchdog's (hyper's header timer would also run
+        // while a keep-alive connection idles, closing it at the header deadline).
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .keep_alive(true)
+            .max_buf_size(read_buffer_bytes(&options));
+        let h2 = options.http2;
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(h2.max_concurrent_streams)
+            .max_header_list_size(h2.max_header_list_size)
+            .initial_stream_window_size(h2.initial_stream_window_size)
+            .initial_connection_window_size(h2.initial_connection_window_size);
+        let keep_alive = HeaderValue::from_str(&format!(
+            "timeout={}",
+            options.keep_alive_timeout.as_secs().max(1)
+        ))
+        .unwrap_or(HeaderValue::from_static("timeout=75"));
+        Self {
+            head_limit: read_buffer_bytes(&options),
+            options,
+            http1,
+            http2,
+            keep_alive,
+            reclaim: Notify::new(),
+            stop,
+        }
+    }
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            header_read: self.options.header_read_timeout,
+            keep_alive: self.options.keep_alive_timeout,
+        }
+    }
+
+    /// Serves one accepted connection to its end. (`pipeline` is passed along rather than
+    /// kept in `self`: a boxed service is `Send` but not `Sync`.)
+    async fn connection(
+        self: Arc<Self>,
+        pipeline: HttpService,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) {
+        let activity = Activity::new();
+        let conn = Conn {
+            pipeline,
+            peer,
+            activity,
+        };
+        let bound = self.options.header_read_timeout;
+        let Some(acceptor) = self.options.tls.clone() else {
+            if !self.options.h2c {
+                return self.http1(Rewind::new(stream), conn, false).await;
+            }
+            match tokio::time::timeout(bound, sniff(stream)).await {
+                Ok(Ok((Protocol::Http2, io))) => self.http2(io, conn, false).await,
+                Ok(Ok((Protocol::Http1, io))) => self.http1(io, conn, false).await,
+                Ok(Err(err)) => {
+                    tracing::debug!(%err, %peer, "connection failed before its first request")
+                }
+                Err(_) => closed("first_request_timeout", self.options.name, peer),
+            }
+            return;
+        };
+        let stream = match tokio::time::timeout(bound, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return tracing::debug!(%err, %peer, "TLS handshake failed"),
+            Err(_) => return closed("handshake_timeout", self.options.name, peer),
+        };
+        if stream.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+            self.http2(stream, conn, true).await
+        } else {
+            self.http1(stream, conn, true).await
+        }
+    }
+
+    async fn http1<IO>(&self, io: IO, conn: Conn, tls: bool)
+    where
+        IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let guarded = FramingGuard::new(io, self.head_limit, conn.activity.clone());
+        let service = ConnectionService::new(
+            conn.pipeline,
+            conn.peer,
+            tls,
+            conn.activity.clone(),
+            Some(self.keep_alive.clone()),
+        );
+        let connection = self.http1.serve_connection(TokioIo::new(guarded), service);
+        self.watch(connection, conn.activity, conn.peer).await;
+    }
+
+    async fn http2<IO>(&self, io: IO, conn: Conn, tls: bool)
+    where
+        IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let service =
+            ConnectionService::new(conn.pipeline, conn.peer, tls, conn.activity.clone(), None);
+        let connection = self.http2.serve_connection(TokioIo::new(io), service);
+        self.watch(connection, conn.activity, conn.peer).await;
+    }
+
+    /// Drives `connection` under the watchdog: closes it when a head is overdue, closes it
+    /// gracefully when idle too long, when reclaimed at the cap, or on shutdown.
+    async fn watch<C>(&self, connection: C, activity: Arc<Activity>, peer: SocketAddr)
+    where
+        C: GracefulConnection,
+        C::Error: std::fmt::Display,
+    {
+        let timeouts = self.timeouts();
+        let mut stop = self.stop.clone();
+        tokio::pin!(connection);
+        let why = loop {
+            let deadline = activity.deadline(&timeouts);
+            let idle = activity.is_idle();
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, %peer, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = sleep_until(deadline) => match activity.deadline(&timeouts) {
+                    Some((at, Expiry::Head)) if at <= Instant::now() => {
+                        // Like nginx's client_header_timeout: no answer, just close.
+                        return closed("header_timeout", self.options.name, peer);
+                    }
+                    Some((at, Expiry::Idle)) if at <= Instant::now() => break "idle",
+                    _ => continue,
+                },
+                () = activity.changed() => continue,
+                () = self.reclaim.notified(), if idle => {
+                    if activity.is_idle() { break "reclaimed" }
+                }
+                _ = stop.wait_for(|stop| *stop) => break "shutdown",
+            }
+        };
+        connection.as_mut().graceful_shutdown();
+        if why == "shutdown" {
+            // The listener's grace period bounds this.
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, %peer, "connection ended with an error");
+            }
+            return;
+        }
+        closed(why, self.options.name, peer);
+        let _ = tokio::time::timeout(IDLE_CLOSE_BOUND, connection).await;
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<(Instant, Expiry)>) {
+    match deadline {
+        Some((at, _)) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts a connection the gateway closed, by reason.
+fn closed(reason: &'static str, listener: &'static str, peer: SocketAddr) {
+    tracing::debug!(%peer, reason, listener, "closing connection");
+    metrics::counter!("connections_closed_total", "listener" => listener, "reason" => reason)
+        .increment(1);
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves, then drains within the grace.
+pub async fn serve(
+    listener: TcpListener,
+    service: HttpService,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let grace = options.shutdown_grace;
+    let name = options.name;
+    let cap = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let slots = Arc::new(Semaphore::new(cap));
+    let shared = Arc::new(Listener::new(options, stop_rx));
+    let open = metrics::gauge!("connections_open", "listener" => name);
+    let refused = metrics::counter!("connections_refused_total", "listener" => name);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(pair) => pair,
+                    Err(err) => {
+                        // Out of file descriptors and the like: back off briefly instead of spinning.
+                        tracing::warn!(%err, listener = name, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let Some(slot) = take_slot(&slots, &shared.reclaim).await else {
+                    refused.increment(1);
+                    tracing::debug!(%peer, listener = name, "connection cap reached; connection closed");
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let (shared, open, pipeline) = (shared.clone(), open.clone(), service.clone());
+                open.increment(1.0);
+                tokio::spawn(async move {
+                    shared.connection(pipeline, stream, peer).await;
+                    open.decrement(1.0);
+                    drop(slot);
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        listener = name,
+        "draining connections"
+    );
+    let _ = stop_tx.send(true);
+    // Every connection holds a slot until it ends: all slots back means all drained.
+    let all = u32::try_from(cap).unwrap_or(u32::MAX);
+    if tokio::time::timeout(grace, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "grace period over; closing remaining connections"
+        );
+    }
+}
+
+/// A connection slot: at once if one is free; else idle connections are asked to close
+/// and the listener waits briefly for one of them.
+async fn take_slot(slots: &Arc<Semaphore>, reclaim: &Notify) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    reclaim.notify_waiters();
+    tokio::time::timeout(RECLAIM_WAIT, slots.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
