@@ -66,7 +66,7 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         if head_size(&request) > self.limits.max_header_bytes {
-            let problem = Problem::headers_too_large(self.limits.max_header_bytes);
+            let problem = Problem::headers_too_large(self.limits.max_header_bytes).closing();
             return std::future::ready(Ok(problem.into_response())).boxed();
         }
         let declared = request
@@ -75,7 +75,7 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > self.limits.max_body_bytes) {
-            let problem = Problem::body_too_large(self.limits.max_body_bytes);
+            let problem = Problem::body_too_large(self.limits.max_body_bytes).closing();
             return std::future::ready(Ok(problem.into_response())).boxed();
         }
         // A declared length within the limit is enforced by hyper itself; only bodies of

@@ -25,6 +25,8 @@ pub struct Problem {
     extensions: serde_json::Map<String, serde_json::Value>,
     #[serde(skip)]
     retry_after: Option<u64>,
+    #[serde(skip)]
+    close: bool,
 }
 
 // === impl Problem ===
@@ -44,6 +46,7 @@ impl Problem {
             detail: detail.into(),
             extensions: serde_json::Map::new(),
             retry_after: None,
+            close: false,
         }
     }
 
@@ -61,6 +64,7 @@ impl Problem {
             detail: detail.into(),
             extensions: serde_json::Map::new(),
             retry_after: None,
+            close: false,
         }
     }
 
@@ -75,6 +79,15 @@ impl Problem {
         let secs = retry_after_secs(wait);
         self.retry_after = Some(secs);
         self.with("retry_after", secs)
+    }
+
+    /// Closes the connection after this answer (`Connection: close` on HTTP/1): for input
+    /// the gateway will not read further — a malformed target, a head or body over the
+    /// limit — as nginx drops keep-alive after 400, 413, 414 and 431. The unread rest of
+    /// the request is discarded by the listener's lingering close.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// The status code.
@@ -92,6 +105,9 @@ impl Problem {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

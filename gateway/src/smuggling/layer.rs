@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use futures_util::future::Either;
-use http::{header, HeaderMap, HeaderValue, Request, Response};
+use http::{header, HeaderMap, Request, Response};
 use tower::{Layer, Service};
 
 use super::head::Refusal;
@@ -87,7 +87,10 @@ fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body
         r if r.is_framing() => ("conflicting-framing", "Ambiguous message framing"),
         _ => ("malformed-request", "Malformed request"),
     };
-    let mut response = Problem::new(
+    // HTTP/1.1: hyper closes the connection after this response, so no byte left behind
+    // by the ambiguous framing is ever read as a next request. (HTTP/2 strips the header;
+    // there a refusal concerns one stream only.)
+    Problem::new(
         refusal.status(),
         slug,
         title,
@@ -97,14 +100,8 @@ fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body
         ),
     )
     .with("reason", refusal.code())
-    .into_response();
-    // HTTP/1.1: hyper closes the connection after this response, so no byte left behind
-    // by the ambiguous framing is ever read as a next request. (HTTP/2 strips the header;
-    // there a refusal concerns one stream only.)
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
+    .closing()
+    .into_response()
 }
 
 /// Why the framing headers of a parsed request conflict, if they do.
