@@ -129,7 +129,7 @@ pub fn conflict(headers: &HeaderMap) -> Option<Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::StatusCode;
+    use http::{HeaderValue, StatusCode};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
