@@ -13,7 +13,8 @@ use smallvec::SmallVec;
 ///
 /// For a calendar quota ([`Policy::calendar`](crate::Policy::calendar)) "bucket" reads
 /// "the current window's counter": `limit` is the quota, `remaining` is quota − used, and
-/// `reset_after` (and `retry_after`, when rejected) is the time until the window ends.
+/// `reset_after`, `refill_after` (and `retry_after`, when rejected) are the time until the
+/// window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// This policy, alone, would admit the request.
@@ -28,6 +29,11 @@ pub struct Decision {
     /// Time until the bucket is full again (nothing would be lost by forgetting it then);
     /// for a calendar quota, until the window ends, whatever its count.
     pub reset_after: Duration,
+    /// Time until `remaining` grows by at least one unit: the next token's refill, or
+    /// `None` when the bucket is full (nothing more can be made available); for a calendar
+    /// quota, until the window ends. The admitted side of the draft's `t`
+    /// ([`Decision::t_secs`]).
+    pub refill_after: Option<Duration>,
     /// Time until this request would be admitted by this policy; zero when allowed.
     pub retry_after: Duration,
 }
@@ -46,6 +52,13 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// A wait as `Retry-After` (and the draft's `t`) carries it: whole seconds, rounded up, at
+/// least 1, so a client never reads "retry after 0 seconds" and spins. The one rounding of
+/// every wait this crate tells a client.
+pub(crate) fn wait_secs(d: Duration) -> u64 {
+    ceil_secs(d).max(1)
+}
+
 // === impl Decision ===
 
 impl Decision {
@@ -55,11 +68,30 @@ impl Decision {
         if self.allowed {
             0
         } else {
-            ceil_secs(self.retry_after).max(1)
+            wait_secs(self.retry_after)
         }
     }
 
-    /// Seconds until the bucket is full again, rounded up (the draft's `t`).
+    /// The `t` parameter of the `RateLimit` field (draft-ietf-httpapi-ratelimit-headers-10
+    /// §4.1.2: "the number of seconds until additional quota […] is made available").
+    ///
+    /// Refused by this policy: the wait until the bucket holds enough units for this
+    /// request's cost, so on a 429 `t` is exactly `Retry-After` ([`Self::retry_after_secs`]).
+    /// Otherwise: the wait until one more unit is available ([`Self::refill_after`]), rounded
+    /// the same way; for a calendar quota the window's end. `None` for a full bucket, where
+    /// no additional quota will ever be made available: the draft makes `t` optional and
+    /// shows it omitted when there is no reset to announce.
+    pub fn t_secs(&self) -> Option<u64> {
+        if self.allowed {
+            self.refill_after.map(wait_secs)
+        } else {
+            Some(self.retry_after_secs())
+        }
+    }
+
+    /// Seconds until the bucket is full again (for a calendar quota, until the window
+    /// ends), rounded up: what `X-RateLimit-Reset` and the problem's `reset` add to the
+    /// current Unix second. Not the draft's `t` ([`Self::t_secs`]).
     pub fn reset_after_secs(&self) -> u64 {
         ceil_secs(self.reset_after)
     }
@@ -147,6 +179,7 @@ mod tests {
             limit,
             remaining,
             reset_after: Duration::from_millis(100),
+            refill_after: Some(Duration::from_millis(100)),
             retry_after: Duration::from_millis(retry_ms),
         }
     }

@@ -105,6 +105,12 @@ impl Evaluation {
         let state = if committed { self.new_tat } else { self.tat };
         let used = state.saturating_sub(self.now);
         let remaining = (tolerance.saturating_sub(used) / interval).min(burst);
+        // The next token: `remaining` grows once τ − used reaches (remaining + 1) × T, which
+        // is strictly after now since remaining = ⌊(τ − used) / T⌋. A full bucket gains none.
+        let refill_after = (remaining < burst).then(|| {
+            used.saturating_add((remaining + 1).saturating_mul(interval))
+                .saturating_sub(tolerance)
+        });
         let retry_after = if self.allowed {
             0
         } else if self.new_tat - self.tat > tolerance {
@@ -122,6 +128,7 @@ impl Evaluation {
             limit: burst,
             remaining,
             reset_after: ticks(used),
+            refill_after: refill_after.map(ticks),
             retry_after: ticks(retry_after),
         }
     }

@@ -2,11 +2,11 @@
 //!
 //! | header | value | source |
 //! |---|---|---|
-//! | `X-RateLimit-Limit` | bucket capacity (burst) | de-facto (GitHub, Kong) |
-//! | `X-RateLimit-Remaining` | whole tokens left | de-facto |
-//! | `X-RateLimit-Reset` | Unix epoch seconds when the bucket is full again | de-facto |
+//! | `X-RateLimit-Limit` | bucket capacity (burst), or the calendar quota | de-facto (GitHub, Kong) |
+//! | `X-RateLimit-Remaining` | whole tokens (quota units) left | de-facto |
+//! | `X-RateLimit-Reset` | Unix epoch seconds when the bucket is full again: ⌊now⌋ + ⌈time to full⌉, so within 1 s of that instant; ⌊now⌋ for a full bucket; exactly the window's end for a calendar quota | de-facto |
 //! | `RateLimit-Policy` | `"tenant";q=100;w=1` | draft-ietf-httpapi-ratelimit-headers-10 |
-//! | `RateLimit` | `"tenant";r=42;t=3` | same draft |
+//! | `RateLimit` | `"tenant";r=42;t=1`: `t` = seconds until more quota is available | same draft |
 //! | `Retry-After` | whole seconds, rounded up, ≥ 1 (rejections only) | RFC 9110 |
 //!
 //! All fields describe **one** policy: the one that rejected the request (longest wait),
@@ -14,8 +14,19 @@
 //! included. `X-RateLimit-Limit` is the burst so that `Remaining ≤ Limit` always holds;
 //! `q`/`w` advertise the sustained rate as configured. With `burst > rate` a full bucket
 //! therefore shows `r` above `q`, which the draft allows (`r` counts what can be sent now).
-//! `X-RateLimit-Reset` and `t` are computed from the same rounded-up second count, so
-//! `Reset − now == t` exactly, with `now` the whole Unix second the response was made in.
+//!
+//! `t` follows the draft's §4.1.2, "the number of seconds until additional quota […] is
+//! made available" ([`Decision::t_secs`]), rounded like `Retry-After`:
+//!
+//! - a bucket that has room to refill: the wait for its **next** token (≤ 1 s on a 1/s
+//!   bucket, whatever its burst), not for a full bucket, which is what `X-RateLimit-Reset`
+//!   tells;
+//! - a policy that refuses the request: the wait until it holds enough tokens for this
+//!   request's cost, so on a 429 `t` **equals** `Retry-After` (the draft's §6: Retry-After
+//!   SHOULD NOT point earlier than `t`);
+//! - a calendar quota: the time until the window resets;
+//! - a full bucket: `t` is omitted (the draft makes it optional and shows it absent when
+//!   there is no reset to announce); no more quota can be made available.
 //!
 //! A calendar quota reports the same fields: `Limit` = the quota, `Remaining` = quota − used,
 //! `Reset` = the end of the window (next 00:00 UTC, or the 1st of next month), `q` = the
@@ -60,12 +71,10 @@ pub fn write_headers(
         HeaderValue::from(unix_now.as_secs().saturating_add(reset_secs)),
     );
     headers.insert(RATELIMIT_POLICY, policy.header_value_at(unix_now).clone());
-    let field = format!(
-        "\"{}\";r={};t={}",
-        policy.name(),
-        decision.remaining,
-        reset_secs
-    );
+    let field = match decision.t_secs() {
+        Some(t) => format!("\"{}\";r={};t={t}", policy.name(), decision.remaining),
+        None => format!("\"{}\";r={}", policy.name(), decision.remaining),
+    };
     if let Ok(value) = HeaderValue::from_str(&field) {
         headers.insert(RATELIMIT, value);
     }
@@ -90,73 +99,4 @@ pub fn write_verdict_headers(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn decision(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: u64) -> Decision {
-        Decision {
-            allowed,
-            shadow: false,
-            limit: 200,
-            remaining,
-            reset_after: Duration::from_millis(reset_ms),
-            retry_after: Duration::from_millis(retry_ms),
-        }
-    }
-
-    #[test]
-    fn admitted_headers() {
-        let p = Policy::try_new("tenant", 100, Duration::from_secs(1), 200).unwrap();
-        let mut h = HeaderMap::new();
-        let now = Duration::from_millis(1_700_000_000_400);
-        write_headers(&mut h, &p, &decision(true, 42, 2_500, 0), now);
-        assert_eq!(h[X_RATELIMIT_LIMIT], "200");
-        assert_eq!(h[X_RATELIMIT_REMAINING], "42");
-        assert_eq!(h[X_RATELIMIT_RESET], "1700000003");
-        assert_eq!(h[RATELIMIT_POLICY], "\"tenant\";q=100;w=1");
-        assert_eq!(h[RATELIMIT], "\"tenant\";r=42;t=3");
-        assert!(!h.contains_key(RETRY_AFTER));
-    }
-
-    #[test]
-    fn rejected_headers_carry_retry_after() {
-        let p = Policy::try_new("ip", 10, Duration::from_secs(1), 20).unwrap();
-        let mut h = HeaderMap::new();
-        write_headers(
-            &mut h,
-            &p,
-            &decision(false, 0, 2_000, 100),
-            Duration::from_secs(10),
-        );
-        assert_eq!(h[RETRY_AFTER], "1");
-        assert_eq!(h[X_RATELIMIT_REMAINING], "0");
-        assert_eq!(h[X_RATELIMIT_RESET], "12");
-        assert_eq!(h[RATELIMIT], "\"ip\";r=0;t=2");
-    }
-
-    #[test]
-    fn calendar_quota_headers_point_at_the_window_end() {
-        // 2026-11-21T23:59:00.400Z: 59.6 s to midnight.
-        let now = Duration::from_millis(1_795_305_540_400);
-        let until_midnight = Duration::from_millis(59_600);
-        let p = Policy::calendar("daily_quota", 1000, crate::Period::Day).unwrap();
-        let d = Decision {
-            allowed: false,
-            shadow: false,
-            limit: 1000,
-            remaining: 0,
-            reset_after: until_midnight,
-            retry_after: until_midnight,
-        };
-        let mut h = HeaderMap::new();
-        write_headers(&mut h, &p, &d, now);
-        assert_eq!(h[RETRY_AFTER], "60");
-        assert_eq!(h[X_RATELIMIT_LIMIT], "1000");
-        assert_eq!(h[X_RATELIMIT_RESET], "1795305600");
-        assert_eq!(h[RATELIMIT_POLICY], "\"daily_quota\";q=1000;w=86400");
-        assert_eq!(h[RATELIMIT], "\"daily_quota\";r=0;t=60");
-        let p = Policy::calendar("monthly_quota", 9, crate::Period::Month).unwrap();
-        write_headers(&mut h, &p, &d, now);
-        assert_eq!(h[RATELIMIT_POLICY], "\"monthly_quota\";q=9;w=2592000");
-    }
-}
+mod tests;

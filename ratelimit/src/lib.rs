@@ -4,8 +4,12 @@
 //! Every request the application's extractor describes is checked against all of its
 //! policies (tenant or client IP, route, global, daily and monthly quotas…) in **one atomic,
 //! all-or-nothing decision**: a rejected request consumes nothing anywhere. Rejections are answered at once with
-//! **429** + `Retry-After` and an RFC 9457 problem+json body; admitted responses carry
-//! `X-RateLimit-*` and the IETF `RateLimit-Policy` / `RateLimit` fields. Nothing is queued.
+//! **429** + `Retry-After` and an RFC 9457 problem+json body of the draft's `quota-exceeded`
+//! type, whose `violated-policies` names every enforced policy that refused it; admitted
+//! responses carry `X-RateLimit-*` and the IETF `RateLimit-Policy` / `RateLimit` fields
+//! (draft-ietf-httpapi-ratelimit-headers-10). `RateLimit`'s `t` is the wait for *more*
+//! quota (a bucket's next token; on a 429, exactly `Retry-After`), while `X-RateLimit-Reset`
+//! is when the bucket is full again ([`headers`]). Nothing is queued.
 //!
 //! # Where to put this layer
 //!
@@ -83,7 +87,7 @@
 //!   server time but takes the window from the gateway): replicas disagree on the midnight
 //!   instant by their clock skew, which only moves a boundary request into one day or the
 //!   other; counters expire when their window ends;
-//! - exhausted → 429 naming the quota, `Retry-After` = seconds to the window's end;
+//! - exhausted → 429 naming the quota, `Retry-After` = `t` = seconds to the window's end;
 //!   [`Limiter::reset`] and [`Limiter::give_back`] let an operator undo use.
 //!
 //! # Modules

@@ -172,8 +172,8 @@ impl QuotaEvaluation {
     /// to `new_used`.
     ///
     /// `remaining = limit − used`; `reset_after` is the time until the window ends (when the
-    /// counter starts again from zero), and so is `retry_after` when rejected: a fixed window
-    /// frees nothing before it ends.
+    /// counter starts again from zero), and so are `refill_after` and, when rejected,
+    /// `retry_after`: a fixed window frees nothing before it ends.
     pub fn decision(&self, committed: bool, shadow: bool) -> Decision {
         let used = if committed { self.new_used } else { self.used };
         Decision {
@@ -182,6 +182,7 @@ impl QuotaEvaluation {
             limit: self.limit,
             remaining: self.limit.saturating_sub(used),
             reset_after: self.until_end,
+            refill_after: Some(self.until_end),
             retry_after: if self.allowed {
                 Duration::ZERO
             } else {

@@ -47,8 +47,9 @@
 //! in Lua and would make `ManualClock` tests of "exhausted until midnight" impossible.
 //!
 //! What a client sees: `X-RateLimit-Limit` = the quota, `X-RateLimit-Remaining` = quota −
-//! used, `X-RateLimit-Reset` = the window's end, and on rejection `Retry-After` = seconds to
-//! the window's end (next 00:00 UTC, or the 1st of next month). `RateLimit-Policy` carries
+//! used, `X-RateLimit-Reset` = the window's end, the `t` of `RateLimit` = seconds to the
+//! window's end, and on rejection `Retry-After` = the same seconds to the window's end (next
+//! 00:00 UTC, or the 1st of next month). `RateLimit-Policy` carries
 //! `q` = the quota and `w` = the window length in seconds: 86 400 for a day and, for a
 //! month, the length of the *current* month (28–31 days), since `w` describes the window the
 //! client is in. The 429 problem names the quota and says when it resets.
@@ -392,7 +393,7 @@ fn quota_header(name: &str, limit: u64, window_secs: u64) -> HeaderValue {
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("\"policy\""))
 }
 
-/// `"name";q=Q;w=W` (draft-ietf-httpapi-ratelimit-headers-10 §5.1).
+/// `"name";q=Q;w=W` (draft-ietf-httpapi-ratelimit-headers-10 §3.1).
 ///
 /// `w` must be whole seconds. A whole-second period is advertised as configured
 /// (`100 per 1s` → `q=100;w=1`); a sub-second or fractional one is widened to the next

@@ -10,12 +10,13 @@ use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde::Serialize;
 
-use crate::decision::{ceil_secs, Decision};
+use crate::decision::{wait_secs, Decision};
 use crate::headers::write_headers;
 use crate::period::rfc3339;
 use crate::policy::Policy;
 
-/// `type` of a 429: the problem type registered by draft-ietf-httpapi-ratelimit-headers.
+/// `type` of a 429: the "quota-exceeded" problem type that
+/// draft-ietf-httpapi-ratelimit-headers-10 (§5.1) asks IANA to register.
 pub const QUOTA_EXCEEDED_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
 /// `type` of the 503 answered when the store is unavailable and the policy fails closed.
@@ -30,10 +31,14 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 pub enum Rejection {
     /// 429: a policy has no capacity for this request.
     RateLimited {
-        /// The violated policy.
+        /// The violated policy with the longest wait: the one `Retry-After`, the headers and
+        /// the `policy` member describe.
         policy: Arc<Policy>,
-        /// Its decision (the longest wait among violated policies).
+        /// Its decision.
         decision: Decision,
+        /// Names of every enforced policy that refused the request, in check order, each
+        /// once: the draft's `violated-policies` member. Empty reads as `[policy]`.
+        violated_policies: Vec<String>,
         /// Wall-clock time of the decision, for `reset`.
         unix_now: Duration,
     },
@@ -51,8 +56,12 @@ struct Problem<'a> {
     title: &'a str,
     status: u16,
     detail: String,
+    /// The reported policy; kept beside `violated-policies` for clients written before it.
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<&'a str>,
+    /// draft-ietf-httpapi-ratelimit-headers-10 §5.1: the names of the violated policies.
+    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<Vec<&'a str>>,
     /// `day` or `month` for a calendar quota.
     #[serde(skip_serializing_if = "Option::is_none")]
     period: Option<&'static str>,
@@ -84,7 +93,7 @@ impl Rejection {
     pub fn retry_after(&self) -> u64 {
         match self {
             Self::RateLimited { decision, .. } => decision.retry_after_secs(),
-            Self::StoreUnavailable { retry_after } => ceil_secs(*retry_after).max(1),
+            Self::StoreUnavailable { retry_after } => wait_secs(*retry_after),
         }
     }
 
@@ -103,8 +112,14 @@ impl Rejection {
             Self::RateLimited {
                 policy,
                 decision,
+                violated_policies,
                 unix_now,
             } => {
+                let violated: Vec<&str> = if violated_policies.is_empty() {
+                    vec![policy.name()]
+                } else {
+                    violated_policies.iter().map(String::as_str).collect()
+                };
                 let reset = unix_now.as_secs() + decision.reset_after_secs();
                 let detail = match policy.period() {
                     None => format!(
@@ -132,6 +147,7 @@ impl Rejection {
                     status: 429,
                     detail,
                     policy: Some(policy.name()),
+                    violated_policies: Some(violated),
                     period: policy.period().map(|p| p.as_str()),
                     limit: Some(decision.limit),
                     remaining: Some(decision.remaining),
@@ -148,6 +164,7 @@ impl Rejection {
                      closed. Wait {retry_after} s (Retry-After) before retrying. {RETRY_HOW}"
                 ),
                 policy: None,
+                violated_policies: None,
                 period: None,
                 limit: None,
                 remaining: None,
@@ -163,6 +180,7 @@ impl Rejection {
             policy,
             decision,
             unix_now,
+            ..
         } = self
         {
             write_headers(headers, policy, decision, *unix_now);
@@ -192,17 +210,24 @@ mod tests {
             limit: 200,
             remaining: 0,
             reset_after: Duration::from_millis(1_990),
+            refill_after: Some(Duration::from_millis(10)),
             retry_after: Duration::from_millis(10),
         };
         let rejection = Rejection::RateLimited {
             policy: Arc::new(policy),
             decision,
+            violated_policies: vec!["tenant".into(), "daily_quota".into()],
             unix_now: Duration::from_secs(1_700_000_000),
         };
         let response = rejection.to_response();
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[RETRY_AFTER], "1");
+        // The violated policy's t is the Retry-After moment, not the 2 s to a full bucket.
+        assert_eq!(
+            response.headers()[crate::headers::RATELIMIT],
+            "\"tenant\";r=0;t=1"
+        );
         let body = axum::body::to_bytes(response.into_body(), 1 << 16)
             .await
             .unwrap();
@@ -210,6 +235,10 @@ mod tests {
         assert_eq!(json["type"], QUOTA_EXCEEDED_TYPE);
         assert_eq!(json["status"], 429);
         assert_eq!(json["policy"], "tenant");
+        assert_eq!(
+            json["violated-policies"],
+            serde_json::json!(["tenant", "daily_quota"])
+        );
         assert_eq!(json["limit"], 200);
         assert_eq!(json["remaining"], 0);
         assert_eq!(json["reset"], 1_700_000_002u64);
@@ -228,11 +257,13 @@ mod tests {
             limit: 1000,
             remaining: 0,
             reset_after: Duration::from_secs(60),
+            refill_after: Some(Duration::from_secs(60)),
             retry_after: Duration::from_secs(60),
         };
         let rejection = Rejection::RateLimited {
             policy: Arc::new(policy),
             decision,
+            violated_policies: Vec::new(),
             // 2026-11-21T23:59:00Z
             unix_now: Duration::from_secs(1_795_305_540),
         };
@@ -243,6 +274,11 @@ mod tests {
             .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["policy"], "daily_quota");
+        assert_eq!(
+            json["violated-policies"],
+            serde_json::json!(["daily_quota"]),
+            "an empty list reads as the reported policy"
+        );
         assert_eq!(json["period"], "day");
         assert_eq!(json["reset"], 1_795_305_600u64);
         assert_eq!(json["retry_after"], 60);

@@ -109,6 +109,7 @@ fn rejection(limits: &LimitRequest, verdict: &Verdict, unix_now: std::time::Dura
             Rejection::RateLimited {
                 policy: check.policy.clone(),
                 decision: *decision,
+                violated_policies: violated_policies(limits.checks(), verdict),
                 unix_now,
             }
         }
@@ -118,6 +119,23 @@ fn rejection(limits: &LimitRequest, verdict: &Verdict, unix_now: std::time::Dura
             retry_after: verdict.retry_after(),
         },
     }
+}
+
+/// The names of the enforced policies that refused the request, in check order, each once
+/// (two checks may share a policy name, e.g. a tenant's bucket on two keys). Shadow policies
+/// are left out: they did not refuse anything.
+fn violated_policies(checks: &[Check], verdict: &Verdict) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for (check, _) in checks
+        .iter()
+        .zip(verdict.decisions())
+        .filter(|(_, d)| d.blocks())
+    {
+        if !names.iter().any(|n| n == check.policy.name()) {
+            names.push(check.policy.name().to_owned());
+        }
+    }
+    names
 }
 
 fn record(checks: &[Check], verdict: &Verdict) {

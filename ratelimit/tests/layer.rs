@@ -96,7 +96,8 @@ async fn admitted_responses_carry_the_headers() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, X_RATELIMIT_LIMIT), "5");
     assert_eq!(header(&r, X_RATELIMIT_REMAINING), "4");
-    // One token used, refilled in 10 s: Reset and the draft's t agree.
+    // One token used, refilled in 10 s: that next token is also the last one missing, so
+    // here the draft's t (next unit) and Reset (full bucket) name the same second.
     assert_eq!(header(&r, X_RATELIMIT_RESET), (UNIX_NOW + 10).to_string());
     assert_eq!(header(&r, RATELIMIT), "\"tenant\";r=4;t=10");
     assert_eq!(header(&r, RATELIMIT_POLICY), "\"tenant\";q=1;w=10");
@@ -130,7 +131,9 @@ async fn burst_then_429_problem_json() {
     assert_eq!(header(&r, CONTENT_TYPE), "application/problem+json");
     assert_eq!(header(&r, RETRY_AFTER), "10");
     assert_eq!(header(&r, X_RATELIMIT_REMAINING), "0");
+    // Full again in 50 s, but t is the violated policy's Retry-After.
     assert_eq!(header(&r, X_RATELIMIT_RESET), (UNIX_NOW + 50).to_string());
+    assert_eq!(header(&r, RATELIMIT), "\"tenant\";r=0;t=10");
     let body = json(r).await;
     assert_eq!(
         body["type"],
@@ -138,6 +141,7 @@ async fn burst_then_429_problem_json() {
     );
     assert_eq!(body["status"], 429);
     assert_eq!(body["policy"], "tenant");
+    assert_eq!(body["violated-policies"], serde_json::json!(["tenant"]));
     assert_eq!(body["limit"], 5);
     assert_eq!(body["remaining"], 0);
     assert_eq!(body["retry_after"], 10);
@@ -191,6 +195,10 @@ async fn daily_quota_429_names_the_quota_and_waits_until_midnight() {
     assert_eq!(header(&r, RATELIMIT), "\"daily_quota\";r=0;t=60");
     let body = json(r).await;
     assert_eq!(body["policy"], "daily_quota");
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["daily_quota"])
+    );
     assert_eq!(body["period"], "day");
     assert_eq!(body["retry_after"], 60);
     assert_eq!(body["reset"], MIDNIGHT);
@@ -226,6 +234,16 @@ async fn shadow_policy_never_rejects_but_reports() {
         assert_eq!(header(&r, RATELIMIT), "\"shadow\";r=0;t=10");
         assert!(r.headers().get(RETRY_AFTER).is_none());
     }
+    // Once the tenant bucket refuses too, only the enforced policy is named as violated:
+    // the shadow one refused nothing.
+    let fifth = app.send(&[("x-tenant", "acme"), ("x-shadow", "1")]).await;
+    assert_eq!(fifth.status(), StatusCode::OK, "the tenant's burst is 5");
+    let r = app.send(&[("x-tenant", "acme"), ("x-shadow", "1")]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        json(r).await["violated-policies"],
+        serde_json::json!(["tenant"])
+    );
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ mod tenant_resolution;
 mod idempotency_replay;
 // Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
 mod idempotency_shared;
-// Rate limiting: burst then 429, headers, cost, isolation, shadow, load shedding.
+// Rate limiting: burst then 429, headers (draft t, violated-policies), cost, isolation, shadow, load shedding.
 mod ratelimit_headers;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;

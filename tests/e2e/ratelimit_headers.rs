@@ -1,12 +1,13 @@
-//! Rate limiting through the real binary: burst then 429, the headers, cost weights, tenant
-//! and client isolation, shadow policies, load shedding.
+//! Rate limiting through the real binary: burst then 429, the headers (the draft's `t` as
+//! the wait for more quota, `violated-policies` in the 429), cost weights, tenant and client
+//! isolation, shadow policies, load shedding.
 
 use std::time::Duration;
 
-use portcullis_testkit::gateway::GatewayProcess;
+use portcullis_testkit::gateway::{parse_status, raw_request, GatewayProcess};
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 
-use crate::common::{assert_problem, client, BIN};
+use crate::common::{assert_problem, client, single_route_config, BIN};
 
 fn config(upstream: &str, tenants: &str, extra: &str) -> String {
     format!(
@@ -73,6 +74,7 @@ async fn burst_is_admitted_then_429_tells_when_to_come_back() {
         "https://iana.org/assignments/http-problem-types#quota-exceeded"
     );
     assert_eq!(body["policy"], "tenant");
+    assert_eq!(body["violated-policies"], serde_json::json!(["tenant"]));
     assert_eq!(body["retry_after"], retry_after);
     let detail = body["detail"].as_str().unwrap().to_lowercase();
     assert!(
@@ -104,7 +106,9 @@ async fn remaining_drops_by_the_route_cost_and_the_two_header_families_agree() {
         rl.contains(";r=2;"),
         "RateLimit agrees with X-RateLimit-Remaining: {rl}"
     );
-    let t: u64 = rl.rsplit("t=").next().unwrap().parse().unwrap();
+    // t: the next token, 2 s away (1 per 2 s); Reset: the bucket full again, 3 tokens (6 s)
+    // away.
+    assert!(rl.ends_with(";t=2"), "t is the next token's refill: {rl}");
     let reset: u64 = header(&first, "x-ratelimit-reset").parse().unwrap();
     let date = httpdate::parse_http_date(&header(&first, "date")).unwrap();
     let now = date
@@ -112,11 +116,16 @@ async fn remaining_drops_by_the_route_cost_and_the_two_header_families_agree() {
         .unwrap()
         .as_secs();
     assert!(
-        reset.abs_diff(now + t) <= 1,
-        "Reset {reset} vs now {now} + t {t}"
+        reset.abs_diff(now + 6) <= 1,
+        "Reset {reset} vs now {now} + 6 s to a full bucket"
     );
     let second = get(&gateway, "/heavy/b", Some("acme-key-0001")).await;
     assert_eq!(second.status(), 429, "2 tokens left, the route costs 3");
+    let t = header(&second, "ratelimit");
+    assert!(
+        t.ends_with(&format!(";t={}", header(&second, "retry-after"))),
+        "refused: t is Retry-After, the wait for the third token: {t}"
+    );
     let cheap = get(&gateway, "/c", Some("acme-key-0001")).await;
     assert_eq!(cheap.status(), 200, "a rejected request consumed nothing");
     assert_eq!(header(&cheap, "x-ratelimit-remaining"), "1");
@@ -226,5 +235,173 @@ async fn load_shedding_answers_503_at_once_over_the_cap() {
         get(&gateway, "/after", None).await.status(),
         200,
         "permits come back with the responses"
+    );
+}
+
+/// A response read off a raw socket: status, lower-cased header fields, body.
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    fn secs(&self, name: &str) -> u64 {
+        self.header(name)
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {:?}", self.header(name)))
+    }
+
+    /// The `Date` field as Unix seconds.
+    fn date(&self) -> u64 {
+        httpdate::parse_http_date(self.header("date"))
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    /// The `t` parameter of the `RateLimit` field (`None` when absent).
+    fn t(&self) -> Option<u64> {
+        let field = self.header("ratelimit");
+        field
+            .split(';')
+            .find_map(|p| p.strip_prefix("t="))
+            .map(|t| t.parse().unwrap_or_else(|_| panic!("RateLimit: {field}")))
+    }
+}
+
+/// `GET path` with `key` as bearer token over a fresh raw connection.
+async fn raw_get(gateway: &GatewayProcess, path: &str, key: &str) -> RawResponse {
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    let bytes = raw_request(gateway.addr, request.as_bytes())
+        .await
+        .expect("the gateway answers");
+    let split = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete head");
+    let head = std::str::from_utf8(&bytes[..split]).expect("an ASCII head");
+    let mut lines = head.split("\r\n");
+    let status = parse_status(lines.next().unwrap_or_default().as_bytes()).expect("a status");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    RawResponse {
+        status,
+        headers,
+        body: bytes[split + 4..].to_vec(),
+    }
+}
+
+const ONE_PER_SECOND_BURST_TEN: &str = "[[tenants]]\nid = \"acme\"\napi_keys = [\"acme-key-0001\"]\nrate = 1\nper = \"1s\"\nburst = 10\n";
+
+/// draft-ietf-httpapi-ratelimit-headers-10: `t` is the time until *additional* quota is made
+/// available, i.e. the next token (≤ 1 s on a 1/s bucket), not the time until the bucket is
+/// full (up to 10 s here), and on the 429 it is the same moment as `Retry-After`.
+#[tokio::test]
+async fn t_is_the_wait_for_the_next_unit_not_for_a_full_bucket() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let gateway =
+        GatewayProcess::start(BIN, &config(&upstream.url(), ONE_PER_SECOND_BURST_TEN, "")).await;
+    // The burst is spent in far less than the 30 s this loop could take at 1 token/s; a
+    // slow machine only refills a token now and then, which must not change `t`.
+    let mut admitted = 0;
+    let rejected = loop {
+        assert!(admitted < 30, "a 1/s bucket never answered 429");
+        let response = raw_get(&gateway, "/x", "acme-key-0001").await;
+        if response.status == 429 {
+            break response;
+        }
+        assert_eq!(response.status, 200);
+        admitted += 1;
+        assert_eq!(
+            response.t(),
+            Some(1),
+            "a token comes back within 1 s: {}",
+            response.header("ratelimit")
+        );
+        assert!(response.header("retry-after").is_empty());
+    };
+    assert!(admitted >= 10, "the burst of 10 was admitted: {admitted}");
+    assert_eq!(rejected.secs("retry-after"), 1);
+    assert_eq!(
+        rejected.t(),
+        Some(rejected.secs("retry-after")),
+        "t of the violated policy is Retry-After: {}",
+        rejected.header("ratelimit")
+    );
+    assert!(rejected.header("ratelimit").starts_with("\"tenant\";r=0;"));
+    // X-RateLimit-Reset keeps its meaning: the bucket is full again ~10 s from now.
+    let to_full = rejected.secs("x-ratelimit-reset") - rejected.date();
+    assert!((9..=11).contains(&to_full), "full again in {to_full} s");
+    assert_eq!(
+        upstream.hit_count(),
+        admitted,
+        "the 429 never reached the upstream"
+    );
+    assert!(
+        upstream
+            .hits()
+            .iter()
+            .all(|hit| hit.headers["x-portcullis-tenant"] == "acme"),
+        "every admitted request reached the upstream as acme's"
+    );
+}
+
+const BUCKET_AND_DAILY_QUOTA: &str = "[[tenants]]\nid = \"acme\"\napi_keys = [\"acme-key-0001\"]\nrate = 1\nper = \"60s\"\nburst = 1\ndaily_quota = 1\n";
+
+/// A request refused by two policies at once names both in the draft's `violated-policies`
+/// member; `policy`, `Retry-After` and the `RateLimit` field describe the longer wait.
+#[tokio::test]
+async fn the_429_names_every_violated_policy() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let config = format!(
+        "{BUCKET_AND_DAILY_QUOTA}\n{}",
+        single_route_config(&upstream.url(), "")
+    );
+    let gateway = GatewayProcess::start(BIN, &config).await;
+    let first = raw_get(&gateway, "/x", "acme-key-0001").await;
+    assert_eq!(first.status, 200);
+    let refused = raw_get(&gateway, "/x", "acme-key-0001").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("content-type"), "application/problem+json");
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("JSON body");
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["tenant", "daily_quota"]),
+        "{body}"
+    );
+    // The daily quota waits until midnight, longer than the bucket's 60 s — unless the test
+    // runs in the last minute of a UTC day, when the bucket's wait is the longer one.
+    let retry_after = refused.secs("retry-after");
+    let reported = body["policy"].as_str().unwrap_or_default();
+    assert!(
+        refused
+            .header("ratelimit")
+            .starts_with(&format!("\"{reported}\";r=0;")),
+        "{}",
+        refused.header("ratelimit")
+    );
+    assert_eq!(refused.t(), Some(retry_after), "t equals Retry-After");
+    assert_eq!(body["retry_after"], retry_after);
+    assert_eq!(
+        upstream.hit_count(),
+        1,
+        "the refused request never reached the upstream"
     );
 }
