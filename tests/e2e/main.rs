@@ -44,3 +44,5 @@ mod quota_periods;
 mod tls_edge;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;
+// The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.
+mod edge_paths;
