@@ -36,6 +36,7 @@ pub mod server;
 pub mod shed;
 pub mod smuggling;
 pub mod stack;
+mod target;
 pub mod tenant;
 pub mod tls;
 

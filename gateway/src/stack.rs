@@ -55,6 +55,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             config.server.max_header_bytes,
             config.server.body_read_timeout,
         )) // 413 / 431 / 408 for a body that does not arrive in time
+        .layer(crate::target::TargetLayer) // path normalised in place (nginx rules), Host / :authority checked → 400
         .layer(RouteLayer::new(RouteTable::new(
             &config.routes,
             &parts.dependencies,

@@ -48,3 +48,5 @@ mod edge_connections;
 mod edge_early_answers;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;
+// The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.
+mod edge_paths;
