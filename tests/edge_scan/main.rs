@@ -74,7 +74,7 @@ fn judge(name: &str, answer: Option<Vec<u8>>) -> Result<(), String> {
         return Ok(()); // closed without a word
     }
     let text = String::from_utf8_lossy(&answer);
-    let responses = text.matches("HTTP/1.1 ").count();
+    let responses = count_responses(&answer);
     match parse_status(&answer) {
         Some(status) if (400..=505).contains(&status) => {}
         other => return Err(format!("{name}: status {other:?}: {text}")),
@@ -91,6 +91,22 @@ fn judge(name: &str, answer: Option<Vec<u8>>) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// How many HTTP/1.1 responses `bytes` holds, each framed by its `content-length`.
+fn count_responses(mut bytes: &[u8]) -> usize {
+    let mut count = 0;
+    while let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        count += 1;
+        bytes = bytes.get(end + 4 + length..).unwrap_or_default();
+    }
+    count
 }
 
 async fn ordinary_get_answers_200(addr: SocketAddr) {

@@ -78,6 +78,7 @@ impl TargetError {
     }
 
     /// The 400 problem: type `invalid-host` for authority problems, `invalid-path` otherwise.
+    /// The connection closes after it, as nginx closes after a 400.
     pub(crate) fn problem(self) -> Problem {
         let (slug, title) = match self {
             Self::Host(_) => ("invalid-host", "Invalid Host"),
@@ -85,6 +86,7 @@ impl TargetError {
         };
         Problem::new(StatusCode::BAD_REQUEST, slug, title, self.to_string())
             .with("reason", self.code())
+            .closing()
     }
 }
 

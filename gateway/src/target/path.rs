@@ -9,7 +9,9 @@
 //!
 //! What cannot be normalised without guessing is refused instead ([`PathError`]): an encoded
 //! `/` (it would either split a segment or be routed differently from how the upstream
-//! reads it), an encoded control byte, malformed percent-encoding, and a `..` that climbs
+//! reads it), a backslash, raw or encoded (a separator to Windows and IIS backends, so
+//! `/a\..\secure` could reach `/secure` behind the gateway's back; nginx on Linux passes it
+//! through, Envoy's normalisation turns it into `/`), an encoded control byte, malformed percent-encoding, and a `..` that climbs
 //! above the root (nginx answers 400 to the last; RFC 3986 would silently drop it).
 //!
 //! Cost: an already normal path (the common case) is one scan of its bytes and is returned
@@ -35,6 +37,10 @@ pub(crate) enum PathError {
     /// `..` above the root.
     #[error("the path climbs above the root with a '..' segment")]
     AboveRoot,
+    /// `\\` or `%5C`: a separator on some backends (Windows, IIS, Node's `path.win32`), a
+    /// plain byte to others.
+    #[error("the path contains a backslash ('\\' or %5C), which backends read differently")]
+    Backslash,
 }
 
 // === impl PathError ===
@@ -48,6 +54,7 @@ impl PathError {
             Self::EncodedControl => "encoded-control-character",
             Self::MalformedPercent => "malformed-percent-encoding",
             Self::AboveRoot => "dot-segment-above-root",
+            Self::Backslash => "backslash",
         }
     }
 }
@@ -63,6 +70,9 @@ pub(crate) fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     }
     if is_normal(path.as_bytes()) {
         return Ok(Cow::Borrowed(path));
+    }
+    if path.contains('\\') {
+        return Err(PathError::Backslash);
     }
     let decoded = decode_unreserved(path)?;
     remove_dot_segments(&decoded).map(Cow::Owned)
@@ -86,7 +96,7 @@ fn is_normal(path: &[u8]) -> bool {
                 let canonical = match (path.get(i + 1), path.get(i + 2)) {
                     (Some(&high), Some(&low)) if is_upper_hex(high) && is_upper_hex(low) => {
                         let byte = hex_value(high).unwrap_or(0) << 4 | hex_value(low).unwrap_or(0);
-                        !(is_unreserved(byte) || byte == b'/' || is_control(byte))
+                        !(is_unreserved(byte) || byte == b'/' || byte == b'\\' || is_control(byte))
                     }
                     _ => false,
                 };
@@ -95,6 +105,7 @@ fn is_normal(path: &[u8]) -> bool {
                 }
                 i += 2;
             }
+            Some(b'\\') => return false,
             Some(_) => {}
         }
         i += 1;
@@ -120,6 +131,9 @@ fn decode_unreserved(path: &str) -> Result<String, PathError> {
         let byte = high << 4 | low;
         if byte == b'/' {
             return Err(PathError::EncodedSlash);
+        }
+        if byte == b'\\' {
+            return Err(PathError::Backslash);
         }
         if is_control(byte) {
             return Err(PathError::EncodedControl);
@@ -274,6 +288,10 @@ mod tests {
             ("/../a", PathError::AboveRoot),
             ("/a/../../b", PathError::AboveRoot),
             ("/..", PathError::AboveRoot),
+            ("/scan\\..\\secure", PathError::Backslash),
+            ("/a\\b", PathError::Backslash),
+            ("/a%5Cb", PathError::Backslash),
+            ("/a%5c..%5csecure", PathError::Backslash),
             ("/%2e%2e/", PathError::AboveRoot),
             ("*", PathError::NotAbsolute),
             ("", PathError::NotAbsolute),
