@@ -77,6 +77,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
         .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
         .layer(RetryLayer::new(
             |ext| ext.get::<IdempotencyLock>().is_some(),
+            crate::tenant::caller_key, // the breaker attributes failures to callers
             Arc::new(SystemWallClock),
         )) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt

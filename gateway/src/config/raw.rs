@@ -329,6 +329,8 @@ pub struct RawBreaker {
     pub open_for: HumanDuration,
     /// Concurrent probes while half-open.
     pub half_open_probes: u32,
+    /// Distinct failing callers (tenants, anonymous client addresses) needed to open.
+    pub min_callers: u32,
 }
 
 impl Default for RawBreaker {
@@ -339,6 +341,7 @@ impl Default for RawBreaker {
             window: HumanDuration::secs(30),
             open_for: HumanDuration::secs(10),
             half_open_probes: 3,
+            min_callers: crate::retry::DEFAULT_MIN_CALLERS,
         }
     }
 }

@@ -87,6 +87,14 @@ fn out_of_range_values_name_the_field() {
             "circuit_breaker = { failure_rate = 1.5 }",
             "upstreams[0].circuit_breaker.failure_rate",
         ),
+        (
+            "circuit_breaker = { min_callers = 0 }",
+            "upstreams[0].circuit_breaker.min_callers",
+        ),
+        (
+            "circuit_breaker = { min_callers = 11 }",
+            "upstreams[0].circuit_breaker.min_callers",
+        ),
     ];
     for (line, path) in cases {
         let text = format!(

@@ -85,6 +85,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         b.window.get(),
         b.open_for.get(),
         b.half_open_probes,
+        b.min_callers,
     )
     .unwrap_or_else(|err| {
         report(issues, &format!("{path}.circuit_breaker"), err);

@@ -1,22 +1,49 @@
 //! Per-dependency circuit breaker on `tokio::time::Instant`.
 //!
-//! * **Closed**: every attempt passes. Outcomes are counted in a rolling window; when at
-//!   least `min_requests` attempts were counted and the failure share reaches
-//!   `failure_rate`, the breaker opens. Each *attempt* counts once, so a request that
-//!   failed three times counts three failures: the breaker measures what the upstream
-//!   suffered, which is what it protects.
+//! # What counts as an upstream health failure
+//!
+//! The breaker answers one question: *is this upstream reachable and serving?* Following
+//! Envoy's outlier detection (`consecutive_gateway_failure`), only gateway failures count
+//! ([`classify::breaker_outcome`](super::classify::breaker_outcome)): connect refused or
+//! timed out, DNS, TLS failures, resets, attempt timeouts, 502, 503 and 504. A plain 500 is
+//! an application error that one path or one request body can provoke, and 408 a client
+//! that was too slow: both are neutral, like 429 (the upstream is alive and throttling).
+//! The gateway's own rejections never reach the breaker because they never become
+//! attempts.
+//!
+//! # One request, one vote; one caller, never alone
+//!
+//! Any single client could otherwise open the breaker for every tenant: a few requests to
+//! a path that fails, each retried, used to count one failure per attempt. Two rules stop
+//! that:
+//!
+//! * **A request counts once**, with the outcome of its last attempt (what its caller got
+//!   after retries), so retries do not multiply one caller's weight, and a failure that a
+//!   retry repaired is not held against the upstream. `min_requests` counts requests.
+//! * **Failures are attributed to callers** (a `u64` key per request, the tenant or the
+//!   anonymous client's address, from [`RetryLayer`](super::RetryLayer)'s extractor).
+//!   When at least `min_requests` requests were counted in the rolling window and the
+//!   failure share reaches `failure_rate`, the breaker opens only if the share *still*
+//!   reaches `failure_rate` once the failed requests of the `min_callers - 1` callers with
+//!   the most failures are set aside (from both the failures and the total). So failures
+//!   from fewer than `min_callers` distinct callers never open it, and neither does one
+//!   caller flooding a failing path on top of the usual background of sporadic failures
+//!   from others. An outage that many callers see opens it as before. Attribution memory
+//!   is bounded (see `callers.rs`); `min_callers = 1` restores the unattributed rule.
+//!
+//! # States
+//!
+//! * **Closed**: every request passes; outcomes are counted as above.
 //! * **Open** for `open_for`: requests fail fast with `BreakerOpen { retry_after }`, where
 //!   `retry_after` is the time until the next probe is admitted.
-//! * **Half-open**: at most `half_open_probes` attempts run at once, each holding a
-//!   [`BreakerPermit`] (RAII: dropping an unrecorded probe frees its slot). Once
-//!   `half_open_probes` probes succeeded the breaker closes with an empty window; any probe
-//!   failure reopens it. While every probe slot is taken, requests are refused with
-//!   `retry_after` = 1 s.
-//!
-//! What counts is decided by `classify::breaker_outcome`: 408/500/502/503/504, transport
-//! failures and attempt timeouts are failures; 429 is neutral (the upstream is alive and
-//! throttling, opening would punish every tenant for one); the gateway's own rejections
-//! never reach the breaker because they never become attempts.
+//! * **Half-open**: at most `half_open_probes` requests run at once, each holding a probe
+//!   [`BreakerPermit`] (RAII: dropping an unrecorded probe frees its slot), and at most one
+//!   per caller, so one caller cannot hold every slot. A probe request gets one attempt
+//!   (no retries: the upstream may be recovering). Once `half_open_probes` probes
+//!   succeeded the breaker closes with an empty window; it reopens once probes of
+//!   `min_callers` distinct callers failed, so one caller sending its failing path as the
+//!   probe cannot keep the breaker open for everyone. While no slot is free for a caller,
+//!   its requests are refused with `retry_after` = 1 s.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -27,11 +54,13 @@ use tokio::time::Instant;
 
 use super::{classify::BreakerOutcome, window::Ring};
 
+mod callers;
 mod config;
 
-pub use self::config::BreakerConfig;
+use self::callers::FailingCallers;
+pub use self::config::{BreakerConfig, DEFAULT_MIN_CALLERS, MAX_MIN_CALLERS};
 
-/// `retry_after` reported while all half-open probe slots are in use.
+/// `retry_after` reported while no half-open probe slot is free for the caller.
 pub const PROBES_BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The three states; the gauge `circuit_breaker_state{dependency}` reports their value.
@@ -51,12 +80,13 @@ pub struct CircuitBreaker {
     shared: Arc<Shared>,
 }
 
-/// Admission to send one attempt; record its outcome with [`BreakerPermit::record`].
+/// Admission to send one request; record its outcome with [`BreakerPermit::record`].
 #[derive(Debug)]
-#[must_use = "record the attempt's outcome"]
+#[must_use = "record the request's outcome"]
 pub struct BreakerPermit {
     shared: Arc<Shared>,
     generation: u64,
+    caller: u64,
     probe: bool,
     done: bool,
 }
@@ -74,19 +104,25 @@ struct Inner {
     /// Bumped on every transition so outcomes of permits from an older state are ignored.
     generation: u64,
     window: Ring<Counts>,
+    /// Half-open: callers holding a probe slot (at most `half_open_probes` entries).
+    probes: Vec<u64>,
+    /// Half-open: distinct callers whose probe failed (at most `min_callers` entries).
+    probe_failures: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum State {
     Closed,
     Open { until: Instant },
-    HalfOpen { in_flight: u32, successes: u32 },
+    HalfOpen { successes: u32 },
 }
 
+/// One window bucket: requests judged, failed ones, and whose they were.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
     total: u32,
     failures: u32,
+    callers: FailingCallers,
 }
 
 // === impl CircuitBreaker ===
@@ -102,6 +138,8 @@ impl CircuitBreaker {
                     state: State::Closed,
                     generation: 0,
                     window: Ring::new(config.window()),
+                    probes: Vec::new(),
+                    probe_failures: Vec::new(),
                 }),
             }),
         };
@@ -120,61 +158,47 @@ impl CircuitBreaker {
         self.shared.lock().state.public()
     }
 
-    /// Whether [`CircuitBreaker::try_acquire`] would admit an attempt now (no side effect).
-    pub fn would_admit(&self) -> bool {
-        let now = Instant::now();
-        match self.shared.lock().state {
-            State::Closed => true,
-            State::Open { until } => now >= until,
-            State::HalfOpen { in_flight, .. } => in_flight < self.shared.config.half_open_probes(),
-        }
+    /// Admits one request of `caller` (an opaque key: tenant, client address…), or says
+    /// how long until the next probe.
+    pub fn try_acquire(&self, caller: u64) -> Result<BreakerPermit, Duration> {
+        self.try_acquire_at(caller, Instant::now())
     }
 
-    /// Admits one attempt, or says how long until the next probe.
-    pub fn try_acquire(&self) -> Result<BreakerPermit, Duration> {
-        self.try_acquire_at(Instant::now())
-    }
-
-    pub(super) fn try_acquire_at(&self, now: Instant) -> Result<BreakerPermit, Duration> {
+    pub(super) fn try_acquire_at(
+        &self,
+        caller: u64,
+        now: Instant,
+    ) -> Result<BreakerPermit, Duration> {
         let shared = &self.shared;
+        let cfg = &shared.config;
         let mut inner = shared.lock();
-        let probe = match inner.state {
-            State::Closed => false,
+        match inner.state {
+            State::Closed => {}
             State::Open { until } if now < until => {
                 drop(inner);
                 shared.rejected();
                 return Err(until - now);
             }
-            State::Open { .. } => {
-                inner.transition(
-                    State::HalfOpen {
-                        in_flight: 0,
-                        successes: 0,
-                    },
-                    shared,
-                );
-                true
-            }
-            State::HalfOpen { .. } => true,
-        };
-        if let State::HalfOpen {
-            in_flight,
-            successes,
-        } = inner.state
-        {
-            if in_flight >= shared.config.half_open_probes() {
+            State::Open { .. } => inner.transition(State::HalfOpen { successes: 0 }, shared),
+            State::HalfOpen { .. } => {}
+        }
+        let probe = matches!(inner.state, State::HalfOpen { .. });
+        if probe {
+            // One slot per caller (unless attribution is off), so a single caller cannot
+            // hold every probe slot with slow requests.
+            let full = inner.probes.len() >= cfg.half_open_probes() as usize;
+            let holds_one = cfg.min_callers() > 1 && inner.probes.contains(&caller);
+            if full || holds_one {
                 drop(inner);
                 shared.rejected();
                 return Err(PROBES_BUSY_RETRY_AFTER);
             }
-            inner.state = State::HalfOpen {
-                in_flight: in_flight + 1,
-                successes,
-            };
+            inner.probes.push(caller);
         }
         Ok(BreakerPermit {
             shared: shared.clone(),
             generation: inner.generation,
+            caller,
             probe,
             done: false,
         })
@@ -184,23 +208,34 @@ impl CircuitBreaker {
 // === impl BreakerPermit ===
 
 impl BreakerPermit {
-    /// Whether this permit is a half-open probe.
+    /// Whether this permit is a half-open probe (its request gets one attempt).
     pub fn is_probe(&self) -> bool {
         self.probe
     }
 
-    /// Records the outcome of the attempt this permit admitted.
+    /// Whether the breaker is still in the state that admitted this permit. A request
+    /// whose breaker opened (or turned half-open) meanwhile stops retrying.
+    pub fn is_current(&self) -> bool {
+        self.shared.lock().generation == self.generation
+    }
+
+    /// Records the outcome of the request this permit admitted (of its last attempt).
     pub fn record(mut self, outcome: BreakerOutcome) {
         self.done = true;
-        self.shared
-            .on_outcome(self.generation, self.probe, Some(outcome), Instant::now());
+        self.shared.on_outcome(
+            self.generation,
+            self.probe,
+            self.caller,
+            Some(outcome),
+            Instant::now(),
+        );
     }
 
     #[cfg(test)]
     pub(super) fn record_at(mut self, outcome: BreakerOutcome, now: Instant) {
         self.done = true;
         self.shared
-            .on_outcome(self.generation, self.probe, Some(outcome), now);
+            .on_outcome(self.generation, self.probe, self.caller, Some(outcome), now);
     }
 }
 
@@ -208,7 +243,7 @@ impl Drop for BreakerPermit {
     fn drop(&mut self) {
         if !self.done && self.probe {
             self.shared
-                .on_outcome(self.generation, true, None, Instant::now());
+                .on_outcome(self.generation, true, self.caller, None, Instant::now());
         }
     }
 }
@@ -226,6 +261,7 @@ impl Shared {
         &self,
         generation: u64,
         probe: bool,
+        caller: u64,
         outcome: Option<BreakerOutcome>,
         now: Instant,
     ) {
@@ -235,37 +271,34 @@ impl Shared {
             return; // admitted under an older state; that state is gone.
         }
         match (inner.state, probe) {
-            (
-                State::HalfOpen {
-                    in_flight,
-                    successes,
-                },
-                true,
-            ) => {
-                let in_flight = in_flight.saturating_sub(1);
+            (State::HalfOpen { successes }, true) => {
+                if let Some(i) = inner.probes.iter().position(|c| *c == caller) {
+                    inner.probes.swap_remove(i);
+                }
                 match outcome {
-                    Some(BreakerOutcome::Failure) => inner.transition(
-                        State::Open {
-                            until: now + cfg.open_for(),
-                        },
-                        self,
-                    ),
+                    Some(BreakerOutcome::Failure) => {
+                        if !inner.probe_failures.contains(&caller) {
+                            inner.probe_failures.push(caller);
+                        }
+                        if inner.probe_failures.len() >= cfg.min_callers() as usize {
+                            inner.transition(
+                                State::Open {
+                                    until: now + cfg.open_for(),
+                                },
+                                self,
+                            );
+                        }
+                    }
                     Some(BreakerOutcome::Success) if successes + 1 >= cfg.half_open_probes() => {
                         inner.window.clear();
                         inner.transition(State::Closed, self);
                     }
                     Some(BreakerOutcome::Success) => {
                         inner.state = State::HalfOpen {
-                            in_flight,
                             successes: successes + 1,
                         }
                     }
-                    Some(BreakerOutcome::Neutral) | None => {
-                        inner.state = State::HalfOpen {
-                            in_flight,
-                            successes,
-                        }
-                    }
+                    Some(BreakerOutcome::Neutral) | None => {}
                 }
             }
             (State::Closed, false) => {
@@ -275,24 +308,12 @@ impl Shared {
                     Some(BreakerOutcome::Neutral) | None => return,
                 };
                 let slot = inner.window.current(now);
-                slot.total += 1;
-                slot.failures += u32::from(failed);
-                let (total, failures) = inner
-                    .window
-                    .buckets(now)
-                    .iter()
-                    .fold((0u64, 0u64), |(t, f), c| {
-                        (t + u64::from(c.total), f + u64::from(c.failures))
-                    });
-                let rate = failures as f64 / total as f64;
-                if failed && total >= u64::from(cfg.min_requests()) && rate >= cfg.failure_rate() {
-                    tracing::warn!(
-                        dependency = %self.name,
-                        failures,
-                        total,
-                        open_for_ms = cfg.open_for().as_millis() as u64,
-                        "circuit breaker opened"
-                    );
+                slot.total = slot.total.saturating_add(1);
+                if failed {
+                    slot.failures = slot.failures.saturating_add(1);
+                    slot.callers.add(caller);
+                }
+                if failed && inner.judge(cfg, now, &self.name) {
                     inner.transition(
                         State::Open {
                             until: now + cfg.open_for(),
@@ -322,10 +343,59 @@ impl Inner {
     fn transition(&mut self, state: State, shared: &Shared) {
         self.state = state;
         self.generation += 1;
+        self.probes.clear();
+        self.probe_failures.clear();
         let public = state.public();
         tracing::info!(dependency = %shared.name, state = ?public, "circuit breaker state changed");
         shared.report(public);
     }
+
+    /// Whether the window ending at `now` opens the breaker (see the module doc).
+    fn judge(&mut self, cfg: &BreakerConfig, now: Instant, name: &str) -> bool {
+        let buckets = self.window.buckets(now);
+        let (total, failures) = buckets.iter().fold((0u64, 0u64), |(t, f), c| {
+            (t + u64::from(c.total), f + u64::from(c.failures))
+        });
+        // The cheap, unattributed test first: most failures stop here.
+        if !opens(cfg, total, failures, 0) {
+            return false;
+        }
+        let sums = callers::per_caller(buckets.iter().map(|c| &c.callers));
+        let set_aside = callers::top_failures(&sums, cfg.min_callers() as usize - 1);
+        let open = opens(cfg, total, failures, set_aside);
+        if open {
+            tracing::warn!(
+                dependency = %name,
+                failures,
+                total,
+                failing_callers = sums.len(),
+                set_aside,
+                open_for_ms = cfg.open_for().as_millis() as u64,
+                "circuit breaker opened"
+            );
+        } else {
+            tracing::debug!(
+                dependency = %name,
+                failures,
+                total,
+                failing_callers = sums.len(),
+                set_aside,
+                "failure rate reached, but not without the callers with the most failures"
+            );
+        }
+        open
+    }
+}
+
+/// The opening rule as arithmetic: at least `min_requests` requests, and a failure share of
+/// at least `failure_rate` once `set_aside` failed requests (those of the callers with the
+/// most failures) are removed from both counts; at least one failure must remain.
+fn opens(cfg: &BreakerConfig, total: u64, failures: u64, set_aside: u64) -> bool {
+    let set_aside = set_aside.min(failures);
+    let (total_left, failures_left) = (total - set_aside, failures - set_aside);
+    total >= u64::from(cfg.min_requests())
+        && failures_left > 0
+        && failures_left as f64 / total_left as f64 >= cfg.failure_rate()
 }
 
 // === impl State ===

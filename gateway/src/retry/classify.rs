@@ -58,15 +58,18 @@ pub struct RequestSafety {
     pub dedupes: bool,
 }
 
-/// How an attempt counts for the circuit breaker.
+/// How an attempt counts for the circuit breaker: upstream *health*, not request success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerOutcome {
-    /// The upstream answered deliberately (2xx–4xx except 408/429, non-retryable 5xx).
+    /// The upstream answered deliberately (2xx–4xx except 408/429, 5xx other than
+    /// 500/502/503/504).
     Success,
-    /// The upstream failed (408, 500, 502, 503, 504, transport failure, attempt timeout).
+    /// A gateway failure (Envoy's `consecutive_gateway_failure`): 502, 503, 504, a
+    /// transport failure (connect, DNS, TLS, reset) or an attempt timeout.
     Failure,
-    /// Says nothing about the upstream's health: 429 (it is alive and throttling) and
-    /// [`FailureKind::Other`] (usually a local error of the client).
+    /// Says nothing about the upstream's health: 429 (it is alive and throttling), 500 (an
+    /// application error one path or one body can provoke), 408 (the client was too slow)
+    /// and [`FailureKind::Other`] (usually a local error of the client).
     Neutral,
 }
 
@@ -128,12 +131,14 @@ pub fn retry_rung(outcome: AttemptOutcome, safety: RequestSafety) -> Option<Rung
     }
 }
 
-/// How an outcome counts for the circuit breaker.
+/// How an outcome counts for the circuit breaker (see [`BreakerOutcome`]).
 pub fn breaker_outcome(outcome: AttemptOutcome) -> BreakerOutcome {
     match outcome {
-        AttemptOutcome::Status(s) if s == StatusCode::TOO_MANY_REQUESTS => BreakerOutcome::Neutral,
-        AttemptOutcome::Status(s) if is_retryable_status(s) => BreakerOutcome::Failure,
-        AttemptOutcome::Status(_) => BreakerOutcome::Success,
+        AttemptOutcome::Status(s) => match s.as_u16() {
+            408 | 429 | 500 => BreakerOutcome::Neutral,
+            502..=504 => BreakerOutcome::Failure,
+            _ => BreakerOutcome::Success,
+        },
         AttemptOutcome::Failure(FailureKind::Other) => BreakerOutcome::Neutral,
         AttemptOutcome::Failure(_) | AttemptOutcome::Timeout => BreakerOutcome::Failure,
     }

@@ -16,6 +16,11 @@ use super::{clock::WallClock, service::Retry};
 /// Tells whether a request holds the gateway's idempotency lock, from its extensions.
 pub type IsProtected = fn(&http::Extensions) -> bool;
 
+/// Names the caller of a request, from its extensions, as an opaque key: the circuit
+/// breaker attributes failures to callers so no single caller can open it for everyone.
+/// Requests of one tenant (or one anonymous client) must map to one key.
+pub type CallerKey = fn(&http::Extensions) -> u64;
+
 /// Wraps the upstream client in the retry loop. Cheap to clone.
 #[derive(Clone)]
 pub struct RetryLayer {
@@ -24,6 +29,7 @@ pub struct RetryLayer {
 
 pub(super) struct Shared {
     pub(super) is_protected: IsProtected,
+    pub(super) caller_key: CallerKey,
     pub(super) clock: Arc<dyn WallClock>,
     rng: RngSource,
 }
@@ -39,12 +45,18 @@ enum RngSource {
 
 impl RetryLayer {
     /// `is_protected` says whether a POST/PATCH holds the idempotency lock (the gateway
-    /// passes `|e| e.get::<IdempotencyLock>().is_some()`); `clock` gives wall-clock time
-    /// for `X-Request-Deadline` and `Retry-After` dates.
-    pub fn new(is_protected: IsProtected, clock: Arc<dyn WallClock>) -> Self {
+    /// passes `|e| e.get::<IdempotencyLock>().is_some()`); `caller_key` names the caller
+    /// for the circuit breaker (the gateway passes its tenant, else the client address);
+    /// `clock` gives wall-clock time for `X-Request-Deadline` and `Retry-After` dates.
+    pub fn new(
+        is_protected: IsProtected,
+        caller_key: CallerKey,
+        clock: Arc<dyn WallClock>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 is_protected,
+                caller_key,
                 clock,
                 rng: RngSource::Thread,
             }),
@@ -56,6 +68,7 @@ impl RetryLayer {
         Self {
             shared: Arc::new(Shared {
                 is_protected: self.shared.is_protected,
+                caller_key: self.shared.caller_key,
                 clock: self.shared.clock.clone(),
                 rng: RngSource::Seeded {
                     seed,

@@ -26,9 +26,10 @@
 //! one dependency over a rolling 30 s window, plus a small floor (1 retry/s by default) so a
 //! quiet upstream can still get a retry for a rare blip. During an outage amplification
 //! stays near 1.2 instead of 4, and during normal operation — where retries are rare — the
-//! budget never bites. The circuit breaker is the next step: when failures are sustained
-//! (≥ 50 % of ≥ 20 attempts over 30 s) it stops traffic altogether for `open_for`, answers
-//! 503 with `Retry-After`, and lets a few probes decide when to resume. See
+//! budget never bites. The circuit breaker is the next step: when gateway failures are
+//! sustained (≥ 50 % of ≥ 20 requests over 30 s, still so without the 2 callers with the
+//! most failures) it stops traffic altogether for `open_for`, answers 503 with
+//! `Retry-After`, and lets a few probes decide when to resume. See
 //! [`RetryBudget`] and [`CircuitBreaker`] for their accuracy and costs.
 //!
 //! # The safety ladder
@@ -90,7 +91,7 @@
 //! let policy = Arc::new(RetryPolicy::try_new(RetryParams::default())?);
 //! // Stack: … → idempotency → router (inserts RetryTarget) → retry → upstream client.
 //! let retry = RetryLayer::new(|e| e.get::<IdempotencyLock>().is_some(),
-//!     Arc::new(SystemWallClock));
+//!     tenant::caller_key, Arc::new(SystemWallClock));
 //! let client = ServiceBuilder::new().layer(retry).service(proxy_client);
 //! // Router, per request:
 //! req.extensions_mut().insert(RetryTarget { policy, dependency: orders, idempotent_route: false });
@@ -130,7 +131,8 @@ use std::sync::Arc;
 pub use self::{
     backoff::{decorrelated_jitter, full_jitter, full_jitter_ceiling, Backoff},
     breaker::{
-        BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PROBES_BUSY_RETRY_AFTER,
+        BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, DEFAULT_MIN_CALLERS,
+        MAX_MIN_CALLERS, PROBES_BUSY_RETRY_AFTER,
     },
     budget::{
         BudgetConfig, BudgetSnapshot, RetryBudget, DEFAULT_BUDGET_PERCENT, DEFAULT_BUDGET_WINDOW,
@@ -148,7 +150,7 @@ pub use self::{
         format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
         X_REQUEST_ID, X_RETRY_ATTEMPT,
     },
-    layer::{IsProtected, RetryLayer},
+    layer::{CallerKey, IsProtected, RetryLayer},
     policy::{
         InvalidRetryConfig, Jitter, RetryParams, RetryPolicy, DEFAULT_ATTEMPT_TIMEOUT,
         DEFAULT_BASE, DEFAULT_BODY_REPLAY_LIMIT, DEFAULT_CAP, DEFAULT_MAX_RETRIES, DEFAULT_TOTAL,

@@ -54,6 +54,7 @@ enum Stop {
     Body,
     Budget,
     Breaker,
+    Probe,
 }
 
 // === impl Retry ===
@@ -118,11 +119,13 @@ where
         tracing::debug!(dependency = %name, "request deadline passed before the first attempt");
         return Err(RetryError::DeadlineExceeded);
     };
-    let mut permit = Some(
-        dep.breaker()
-            .try_acquire()
-            .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?,
-    );
+    // One breaker permit per request, not per attempt: retries must not multiply one
+    // caller's weight in the breaker's window.
+    let caller = (shared.caller_key)(req.extensions());
+    let mut permit = dep
+        .breaker()
+        .try_acquire(caller)
+        .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?;
 
     let (parts, body) = req.into_parts();
     let mut body = if policy.max_retries() > 0 {
@@ -178,10 +181,9 @@ where
                 Last::Error(RetryError::AttemptTimeout { after: limit }),
             ),
         };
-        if let Some(permit) = permit.take() {
-            permit.record(classify::breaker_outcome(outcome));
-        }
+        let health = classify::breaker_outcome(outcome);
         let Some(rung) = classify::retry_rung(outcome, safety) else {
+            permit.record(health);
             return last.into_result();
         };
         let error_type = classify::error_type(outcome);
@@ -201,7 +203,11 @@ where
             Some(Stop::Body)
         } else if wait >= deadline.at.saturating_duration_since(Instant::now()) {
             Some(Stop::Deadline)
-        } else if !dep.breaker().would_admit() {
+        } else if permit.is_probe() {
+            // A half-open probe tests the upstream with one attempt; retrying it would add
+            // load exactly while the upstream may be recovering.
+            Some(Stop::Probe)
+        } else if !permit.is_current() {
             Some(Stop::Breaker)
         } else if !dep.budget().try_withdraw() {
             Some(Stop::Budget)
@@ -210,6 +216,7 @@ where
         };
         if let Some(stop) = stop {
             stop.report(&name, attempt, &error_type, &correlation_id);
+            permit.record(health);
             return last.into_result();
         }
 
@@ -239,11 +246,14 @@ where
         // Free the upstream connection before waiting.
         drop(last);
         sleep(wait).await;
-        permit = Some(
-            dep.breaker()
-                .try_acquire()
-                .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?,
-        );
+        if !permit.is_current() {
+            // The breaker changed state while this request waited: ask again, as a new
+            // request would (it may be open now, or this may become a probe).
+            permit = dep
+                .breaker()
+                .try_acquire(caller)
+                .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?;
+        }
         avoid_endpoint = endpoint.filter(|_| dep.endpoints() > 1);
     }
 }
@@ -337,6 +347,7 @@ impl Stop {
             Self::Body => "body_not_replayable",
             Self::Budget => "budget_exhausted",
             Self::Breaker => "breaker_open",
+            Self::Probe => "half_open_probe",
         }
     }
 

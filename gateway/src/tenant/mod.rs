@@ -151,6 +151,25 @@ where
     }
 }
 
+/// The circuit breaker's caller key of a request (see `RetryLayer::new`): its tenant, else
+/// its client address. An IPv6 client counts by its /64, the block one subscriber usually
+/// holds, so one host cannot pose as many callers by rotating addresses; an IPv4-mapped
+/// address counts as the IPv4 address.
+pub fn caller_key(extensions: &http::Extensions) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match (extensions.get::<Caller>(), extensions.get::<ClientIp>()) {
+        (Some(Caller::Tenant(tenant)), _) => ("tenant", &tenant.id).hash(&mut hasher),
+        (_, Some(ClientIp(ip))) => match ip.to_canonical() {
+            IpAddr::V4(v4) => ("ip4", v4).hash(&mut hasher),
+            IpAddr::V6(v6) => ("ip6/64", v6.octets()[..8].to_vec()).hash(&mut hasher),
+        },
+        // Not resolved (never in the gateway's stack): one shared key.
+        _ => "unknown".hash(&mut hasher),
+    }
+    hasher.finish()
+}
+
 /// The API key and the header it came in: `X-API-Key` first, then `Authorization: Bearer`.
 fn presented_key(headers: &http::HeaderMap) -> Option<(HeaderName, String)> {
     if let Some(value) = headers.get(&X_API_KEY) {
@@ -200,6 +219,26 @@ mod tests {
             presented_key(&basic).is_none(),
             "non-bearer Authorization is the backend's business"
         );
+    }
+
+    #[test]
+    fn caller_keys_tell_tenants_and_addresses_apart() {
+        let ip = |s: &str| {
+            let mut ext = http::Extensions::new();
+            ext.insert(Caller::Anonymous);
+            ext.insert(ClientIp(s.parse().unwrap()));
+            caller_key(&ext)
+        };
+        assert_eq!(ip("192.0.2.1"), ip("192.0.2.1"));
+        assert_ne!(ip("192.0.2.1"), ip("192.0.2.2"));
+        assert_eq!(ip("192.0.2.1"), ip("::ffff:192.0.2.1"), "mapped IPv4");
+        assert_eq!(
+            ip("2001:db8:1:2::1"),
+            ip("2001:db8:1:2:ffff::9"),
+            "same /64"
+        );
+        assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
+        assert_ne!(ip("0.0.0.0"), caller_key(&http::Extensions::new()));
     }
 
     proptest::proptest! {

@@ -143,7 +143,7 @@ fn idempotent_methods() {
 }
 
 #[test]
-fn breaker_counts_only_upstream_failures() {
+fn breaker_counts_only_gateway_failures() {
     use BreakerOutcome::*;
     let table = [
         (st(200), Success),
@@ -151,8 +151,8 @@ fn breaker_counts_only_upstream_failures() {
         (st(422), Success),
         (st(501), Success),
         (st(429), Neutral),
-        (st(408), Failure),
-        (st(500), Failure),
+        (st(408), Neutral),
+        (st(500), Neutral),
         (st(502), Failure),
         (st(503), Failure),
         (st(504), Failure),

@@ -13,6 +13,7 @@ async fn budget_bounds_amplification_under_total_failure() {
         Duration::from_secs(30),
         Duration::from_secs(10),
         1,
+        1,
     )
     .expect("valid");
     let budget = BudgetConfig::default();
@@ -103,24 +104,68 @@ async fn breaker_opens_on_sustained_failure_and_closes_after_probes() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn retries_stop_when_the_breaker_opens() {
+async fn retries_of_one_request_count_once() {
     let _trace = trace_init();
-    // With retries on, attempts count individually: 20 requests × up to 4 attempts open it
-    // well before 20 requests.
-    let f = fixture([]);
+    // Opens at 4 failed requests, attribution off: only the counting is under test.
+    let breaker = BreakerConfig::try_new(
+        1.0,
+        4,
+        Duration::from_secs(30),
+        Duration::from_secs(10),
+        1,
+        1,
+    )
+    .expect("valid");
+    let dep = Arc::new(Dependency::new(
+        "orders",
+        1,
+        false,
+        BudgetConfig::default(),
+        breaker,
+    ));
+    let f = fixture_with([], RetryParams::default(), dep);
     let breaker = f.target.dependency.breaker().clone();
     f.upstream.set_fallback(st(503));
-    let mut fast_fails = 0;
-    for _ in 0..20 {
-        match f.send(f.request(Method::GET, Body::empty())).await {
-            Ok(rsp) => assert_eq!(rsp.status(), StatusCode::SERVICE_UNAVAILABLE),
-            Err(RetryError::BreakerOpen { .. }) => fast_fails += 1,
-            Err(e) => panic!("unexpected {e:?}"),
-        }
+    assert_eq!(status(&f.send(f.request_from(1, Method::GET)).await), 503);
+    assert_eq!(f.upstream.hits(), 4, "one request, four attempts");
+    assert_eq!(breaker.state(), BreakerState::Closed, "counted once");
+    for _ in 0..3 {
+        assert_eq!(status(&f.send(f.request_from(1, Method::GET)).await), 503);
+    }
+    assert_eq!(breaker.state(), BreakerState::Open, "four requests");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stop_when_the_breaker_opens() {
+    let _trace = trace_init();
+    let f = fixture([st_with(503, "retry-after", "5")]);
+    let breaker = f.target.dependency.breaker().clone();
+    f.upstream.set_fallback(st(200));
+    let svc = f.svc.clone();
+    let waiting = tokio::spawn(svc.oneshot(f.request_from(1, Method::GET)));
+    // The request waits 5 s before its retry; meanwhile 20 other callers' requests fail.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(f.upstream.hits(), 1);
+    for caller in 100..120 {
+        breaker
+            .try_acquire(caller)
+            .expect("closed")
+            .record(BreakerOutcome::Failure);
     }
     assert_eq!(breaker.state(), BreakerState::Open);
-    assert!(fast_fails > 0);
-    assert!(f.upstream.hits() <= 21, "{} attempts", f.upstream.hits());
+    let err = waiting
+        .await
+        .expect("task")
+        .expect_err("the breaker opened during the backoff");
+    let RetryError::BreakerOpen { retry_after } = err else {
+        panic!("expected BreakerOpen, got {err:?}");
+    };
+    assert_eq!(
+        retry_after,
+        Duration::from_secs(6),
+        "open 10 s from t=1 s, now t=5 s"
+    );
+    assert_eq!(f.upstream.hits(), 1, "no retry reached the upstream");
 }
 
 #[tokio::test(start_paused = true)]

@@ -159,6 +159,14 @@ fn is_locked(e: &http::Extensions) -> bool {
     e.get::<Lock>().is_some()
 }
 
+/// Stands in for the gateway's caller (tenant or client address) as the breaker sees it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CallerId(pub(super) u64);
+
+fn caller_id(e: &http::Extensions) -> u64 {
+    e.get::<CallerId>().map_or(0, |c| c.0)
+}
+
 pub(super) type Svc = Retry<Upstream>;
 pub(super) type Res = Result<Response<Body>, RetryError<TestFailure>>;
 
@@ -193,7 +201,7 @@ pub(super) fn fixture_with(
     let clock = Arc::new(ManualWallClock::new(
         SystemTime::UNIX_EPOCH + Duration::from_secs(EPOCH_SECS),
     ));
-    let layer = RetryLayer::new(is_locked, clock.clone()).with_rng_seed(7);
+    let layer = RetryLayer::new(is_locked, caller_id, clock.clone()).with_rng_seed(7);
     Fixture {
         svc: layer.layer(upstream.clone()),
         upstream,
@@ -207,8 +215,11 @@ pub(super) fn fixture_with(
 }
 
 impl Fixture {
-    /// A request carrying this fixture's `RetryTarget` and `X-Request-Id: req-1`.
+    /// A request carrying this fixture's `RetryTarget` and `X-Request-Id: req-1`, from a
+    /// caller of its own (the fleet: many callers), unless [`CallerId`] is set on it.
     pub(super) fn request(&self, method: Method, body: impl Into<Body>) -> Request<Body> {
+        static NEXT_CALLER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let caller = NEXT_CALLER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut req = Request::builder()
             .method(method)
             .uri("http://orders.internal/orders")
@@ -216,6 +227,14 @@ impl Fixture {
             .body(body.into())
             .expect("request");
         req.extensions_mut().insert(self.target.clone());
+        req.extensions_mut().insert(CallerId(caller));
+        req
+    }
+
+    /// [`Fixture::request`] from caller `id`.
+    pub(super) fn request_from(&self, id: u64, method: Method) -> Request<Body> {
+        let mut req = self.request(method, Body::empty());
+        req.extensions_mut().insert(CallerId(id));
         req
     }
 

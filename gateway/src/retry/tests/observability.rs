@@ -166,9 +166,15 @@ async fn exhaustion_budget_and_breaker_are_counted() {
     let suppressed = [DEP, ("reason", "budget_exhausted")];
     assert_eq!(capture.sum("retry_suppressed_total", &suppressed), 1.0);
 
-    let breaker =
-        BreakerConfig::try_new(0.5, 1, Duration::from_secs(30), Duration::from_secs(10), 1)
-            .expect("valid");
+    let breaker = BreakerConfig::try_new(
+        0.5,
+        1,
+        Duration::from_secs(30),
+        Duration::from_secs(10),
+        1,
+        1,
+    )
+    .expect("valid");
     let dep = Arc::new(Dependency::new(
         "orders",
         1,
@@ -176,7 +182,12 @@ async fn exhaustion_budget_and_breaker_are_counted() {
         BudgetConfig::default(),
         breaker,
     ));
-    let f = fixture_with([st(503)], RetryParams::default(), dep);
+    // One attempt per request: the breaker counts requests, at their end.
+    let once = RetryParams {
+        max_retries: 0,
+        ..RetryParams::default()
+    };
+    let f = fixture_with([st(503)], once, dep);
     assert_eq!(
         status(&f.send(f.request(Method::GET, Body::empty())).await),
         503
