@@ -44,3 +44,5 @@ mod quota_periods;
 mod tls_edge;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;
+// Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
+mod edge_hop_by_hop;
