@@ -31,9 +31,11 @@ use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
 use crate::server::ClientTls;
 
+mod client_body;
 mod connector;
 mod error;
 
+use client_body::{BodyFailure, WitnessedBody};
 pub use connector::{TlsConnector, UpstreamIo};
 pub use error::{ProxyError, ProxyErrorKind};
 
@@ -153,12 +155,27 @@ impl Service<Request<Body>> for Proxy {
         let prepared = prepare(request, &route, &upstream, index, &self.trusted);
         async move {
             let request = prepared?;
+            // Bodiless requests (most GETs) need no witness and skip its allocation.
+            let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
+                (request, None)
+            } else {
+                let (parts, body) = request.into_parts();
+                let (body, failure) = WitnessedBody::wrap(body);
+                (Request::from_parts(parts, body), Some(failure))
+            };
             // The attempt timeout is the retry layer's: it also knows the request deadline.
             let response = match &upstream.client {
                 Pool::Plain(client) => client.request(request).await,
                 Pool::Tls(client) => client.request(request).await,
             }
-            .map_err(|err| ProxyError::from_client(err, index))?;
+            .map_err(|err| {
+                // The client's own body error, when it failed, explains the attempt's
+                // failure better than hyper's report of it (see `client_body`).
+                match body_failure.as_ref().and_then(BodyFailure::take) {
+                    Some(body_err) => ProxyError::from_client_body(body_err, index),
+                    None => ProxyError::from_client(err, index),
+                }
+            })?;
             let (mut parts, body) = response.into_parts();
             // Innermost, so the upstream's `Connection` cannot name away the headers the
             // outer layers add to this response.

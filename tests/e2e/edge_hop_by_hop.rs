@@ -1,7 +1,7 @@
 //! Hop-by-hop headers at the edge, over raw sockets against the real binary: a client's
 //! `Connection` header removes only the client's own fields, never one the gateway sets or
-//! relies on (checked on every upstream attempt), and an upstream's `Connection` header
-//! cannot remove the gateway's response headers.
+//! relies on (checked on every upstream attempt), an upstream's `Connection` header cannot
+//! remove the gateway's response headers, and an oversized chunked body is the client's 413.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::BIN;
+use crate::common::{still_serving, BIN};
 use crate::idempotency_replay::TENANTS;
 
 /// Upper bound on one raw exchange, so a gateway that never answers fails the test.
@@ -35,6 +35,10 @@ impl Answer {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
     }
 }
 
@@ -274,6 +278,89 @@ async fn an_upstream_cannot_name_away_the_gateways_response_headers() {
             answer.header("idempotent-replayed"),
             replayed.then_some("true"),
             "{answer:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_chunked_body_is_a_client_413() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("after")).await;
+    // `/buffered` reads the body for replay (retries allowed); `/once` streams it to the
+    // upstream (no retries); `/prefix` buffers 256 bytes, then streams the rest; `/h2`
+    // streams it to an upstream spoken to over HTTP/2. Both upstreams' breakers open on a
+    // single counted failure, so one that blamed the upstream would show as a 503 below.
+    const BREAKER: &str =
+        "circuit_breaker = { failure_rate = 0.5, min_requests = 1, open_for = \"60s\" }";
+    let config = format!(
+        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\nmax_body_bytes = 1024\n\n[[upstreams]]\nname = \"u\"\nendpoints = [\"{0}\"]\nretry = {{ max_retries = 2, base = \"10ms\", cap = \"50ms\" }}\n{BREAKER}\n\n[[routes]]\nprefix = \"/buffered\"\nupstream = \"u\"\n\n[[routes]]\nprefix = \"/once\"\nupstream = \"u\"\nretry = {{ max_retries = 0 }}\n\n[[routes]]\nprefix = \"/prefix\"\nupstream = \"u\"\nretry = {{ body_replay_limit = 256 }}\n\n[[upstreams]]\nname = \"u2\"\nendpoints = [\"{0}\"]\nhttp2 = true\nretry = {{ max_retries = 0 }}\n{BREAKER}\n\n[[routes]]\nprefix = \"/h2\"\nupstream = \"u2\"\n\n[[routes]]\nprefix = \"/after\"\nupstream = \"u\"\n",
+        upstream.url()
+    );
+    let gateway = GatewayProcess::start(BIN, &config).await;
+    // 8 chunks of 512 bytes: 4096 bytes against a limit of 1024.
+    let mut chunked = Vec::new();
+    for _ in 0..8 {
+        chunked.extend_from_slice(b"200\r\n");
+        chunked.extend_from_slice(&[b'z'; 512]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+
+    for path in ["/buffered", "/once", "/prefix", "/h2"] {
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        .into_bytes();
+        request.extend_from_slice(&chunked);
+        let answer = exchange(gateway.addr, &request).await;
+        assert_eq!(answer.status, 413, "{path}: {answer:?}");
+        assert_eq!(
+            answer.header("content-type"),
+            Some("application/problem+json")
+        );
+        let problem = answer.json();
+        assert_eq!(
+            problem["type"], "https://portcullis.dev/problems/body-too-large",
+            "{path}: {problem}"
+        );
+        assert_eq!(problem["status"], 413);
+        assert_eq!(problem["limit"], 1024, "{path}: {problem}");
+    }
+
+    // What the upstream saw: `/buffered` nothing at all (the body failed while being read
+    // for replay); `/once`, `/prefix` and `/h2` stream, so the upstream may have received the
+    // head and part of the body before the gateway aborted it (HTTP/1.1: connection closed
+    // mid-chunk; HTTP/2: RST_STREAM) — never a complete request: its body read failed
+    // (recorded as empty), and no hit carries the full 4096 bytes.
+    let hits = upstream.hits();
+    assert!(hits.len() <= 3, "{hits:#?}");
+    for hit in &hits {
+        assert_ne!(hit.uri.path(), "/buffered", "{hit:#?}");
+        assert!(
+            hit.body.len() < 1024,
+            "a complete body got through: {hit:#?}"
+        );
+    }
+
+    // Neither breaker counted the client's body as an upstream failure.
+    still_serving(&gateway, "/after").await;
+    still_serving(&gateway, "/h2/after").await;
+    let logs = gateway.logs();
+    assert!(
+        !logs.contains("upstream request failed"),
+        "a client's oversized body is not an upstream failure: {logs}"
+    );
+    let metrics = crate::common::client()
+        .get(gateway.admin_url() + "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            !line.starts_with("retry_attempts_total") && !line.starts_with("retry_exhausted_total"),
+            "a client's body never counts as a retried upstream failure: {line}"
         );
     }
 }
