@@ -19,6 +19,7 @@ pub mod config;
 pub mod db;
 pub mod demo_upstream;
 pub mod forwarded;
+pub(crate) mod hop_by_hop;
 pub mod idempotency;
 pub mod limits;
 pub mod metrics;

@@ -8,7 +8,7 @@ use axum::body::Body;
 use futures_util::future::{BoxFuture, FutureExt};
 use http::{header, Request, Response};
 use http_body::Body as _;
-use http_body_util::Limited;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Layer, Service};
 
 use crate::body_timeout::TimeoutBody;
@@ -20,6 +20,20 @@ pub struct LimitsLayer {
     max_body_bytes: u64,
     max_header_bytes: usize,
     body_read_timeout: Duration,
+}
+
+/// A streamed request body grew past `server.max_body_bytes`: the client's fault, a 413.
+///
+/// `Limited` reports an untyped [`LengthLimitError`] without the limit; wrapping it here
+/// gives every layer that meets the error (the retry layer reading a body for replay, the
+/// upstream client streaming it) one type to recognise and the number for the problem.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body exceeds the limit of {limit} bytes")]
+pub struct BodyTooLarge {
+    /// `server.max_body_bytes`.
+    pub limit: u64,
+    #[source]
+    source: LengthLimitError,
 }
 
 /// The service of [`LimitsLayer`].
@@ -81,8 +95,11 @@ where
         // A declared length within the limit is enforced by hyper itself; only bodies of
         // unknown length need counting as they stream.
         let request = if declared.is_none() {
-            let limit = usize::try_from(self.limits.max_body_bytes).unwrap_or(usize::MAX);
-            request.map(|body| Body::new(Limited::new(body, limit)))
+            let max = self.limits.max_body_bytes;
+            let limit = usize::try_from(max).unwrap_or(usize::MAX);
+            request.map(|body| {
+                Body::new(Limited::new(body, limit).map_err(move |err| typed(err, max)))
+            })
         } else {
             request
         };
@@ -110,14 +127,63 @@ fn head_size(request: &Request<Body>) -> usize {
     })
 }
 
-/// Whether an error came from the body limit (so the proxy can answer 413).
-pub fn is_body_limit_error(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Gives `Limited`'s length error its type and limit; other body errors pass unchanged.
+fn typed(err: BoxError, limit: u64) -> BoxError {
+    match err.downcast::<LengthLimitError>() {
+        Ok(source) => Box::new(BodyTooLarge {
+            limit,
+            source: *source,
+        }),
+        Err(other) => other,
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The [`BodyTooLarge`] in `error`'s cause chain, if the body limit caused it.
+pub fn body_too_large<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a BodyTooLarge> {
     let mut current = Some(error);
     while let Some(err) = current {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
+        if let Some(found) = err.downcast_ref::<BodyTooLarge>() {
+            return Some(found);
         }
         current = err.source();
     }
-    false
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chain the retry layer and the upstream client see: `Limited` inside the
+    /// gateway's `Body`, inside the body-timeout wrapper, inside another `Body`.
+    #[tokio::test]
+    async fn an_oversized_stream_is_recognised_through_the_wrappers() {
+        use futures_util::stream;
+        let chunks =
+            (0..4).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from_static(&[b'z'; 512])));
+        let limited = Body::new(
+            Limited::new(Body::from_stream(stream::iter(chunks)), 1024)
+                .map_err(|err| typed(err, 1024)),
+        );
+        let wrapped = Body::new(TimeoutBody::new(limited, Duration::from_secs(30)));
+        let err = wrapped.collect().await.unwrap_err();
+        let found = body_too_large(&err).map(|e| e.limit);
+        assert_eq!(found, Some(1024), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn other_body_errors_are_not_a_413() {
+        use futures_util::stream;
+        let items = [Err::<bytes::Bytes, _>(std::io::Error::other("reset"))];
+        let body = Body::new(
+            Limited::new(Body::from_stream(stream::iter(items)), 1024)
+                .map_err(|err| typed(err, 1024)),
+        );
+        let err = body.collect().await.unwrap_err();
+        assert!(body_too_large(&err).is_none(), "{err:?}");
+    }
 }

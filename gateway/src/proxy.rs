@@ -1,5 +1,6 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
-//! endpoints, bodies streamed both ways, hop-by-hop headers removed, `X-Forwarded-*` set.
+//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see [`crate::hop_by_hop`]:
+//! the client's at the edge, the upstream's here), `X-Forwarded-*` set.
 //! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
 //! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
 //!
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::future::{BoxFuture, FutureExt};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,13 +26,16 @@ use tower::Service;
 
 use crate::config::UpstreamSettings;
 use crate::forwarded::{PeerAddr, TrustedProxies};
+use crate::hop_by_hop;
 use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
 use crate::server::ClientTls;
 
+mod client_body;
 mod connector;
 mod error;
 
+use client_body::{BodyFailure, WitnessedBody};
 pub use connector::{TlsConnector, UpstreamIo};
 pub use error::{ProxyError, ProxyErrorKind};
 
@@ -151,14 +155,31 @@ impl Service<Request<Body>> for Proxy {
         let prepared = prepare(request, &route, &upstream, index, &self.trusted);
         async move {
             let request = prepared?;
+            // Bodiless requests (most GETs) need no witness and skip its allocation.
+            let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
+                (request, None)
+            } else {
+                let (parts, body) = request.into_parts();
+                let (body, failure) = WitnessedBody::wrap(body);
+                (Request::from_parts(parts, body), Some(failure))
+            };
             // The attempt timeout is the retry layer's: it also knows the request deadline.
             let response = match &upstream.client {
                 Pool::Plain(client) => client.request(request).await,
                 Pool::Tls(client) => client.request(request).await,
             }
-            .map_err(|err| ProxyError::from_client(err, index))?;
+            .map_err(|err| {
+                // The client's own body error, when it failed, explains the attempt's
+                // failure better than hyper's report of it (see `client_body`).
+                match body_failure.as_ref().and_then(BodyFailure::take) {
+                    Some(body_err) => ProxyError::from_client_body(body_err, index),
+                    None => ProxyError::from_client(err, index),
+                }
+            })?;
             let (mut parts, body) = response.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
+            // Innermost, so the upstream's `Connection` cannot name away the headers the
+            // outer layers add to this response.
+            hop_by_hop::strip_upstream_response(&mut parts.headers);
             parts.extensions.insert(ServedBy(index));
             Ok(Response::from_parts(parts, Body::new(body)))
         }
@@ -199,7 +220,9 @@ fn prepare(
     .map_err(|_| ProxyError::new(ProxyErrorKind::NoRoute, Some(index)))?;
     parts.version = http::Version::HTTP_11;
 
-    strip_hop_by_hop(&mut parts.headers);
+    // The client's `Connection` and the fields it named went at the edge; what remains are
+    // the gateway's own headers, which no `Connection` token may remove here.
+    hop_by_hop::strip_fixed(&mut parts.headers);
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
         parts.headers.insert(header::HOST, host);
     }
@@ -260,52 +283,9 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and any header the `Connection` header names.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
-
-/// Removes hop-by-hop headers; `Transfer-Encoding` too, since framing is re-done per hop.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(header::TRANSFER_ENCODING);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strips_hop_by_hop_and_connection_named_headers() {
-        let mut headers = HeaderMap::new();
-        headers.insert("connection", "close, x-secret".parse().unwrap());
-        headers.insert("x-secret", "1".parse().unwrap());
-        headers.insert("keep-alive", "timeout=5".parse().unwrap());
-        headers.insert("te", "trailers".parse().unwrap());
-        headers.insert("x-kept", "1".parse().unwrap());
-        strip_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 1, "{headers:?}");
-        assert!(headers.contains_key("x-kept"));
-    }
 
     #[test]
     fn paths_with_and_without_stripping() {

@@ -22,6 +22,10 @@ pub trait IntoProblem: std::error::Error {
     /// Whether the request provably never reached the backend (the idempotency layer then
     /// releases the key instead of storing this answer).
     fn provably_unprocessed(&self) -> bool;
+
+    /// Whether the client caused the failure (its own body): logged as a client error,
+    /// not as an upstream failure.
+    fn is_client_fault(&self) -> bool;
 }
 
 impl IntoProblem for RetryError<ProxyError> {
@@ -29,7 +33,20 @@ impl IntoProblem for RetryError<ProxyError> {
         self.is_provably_unprocessed()
     }
 
+    fn is_client_fault(&self) -> bool {
+        match self {
+            RetryError::Upstream(err) => err.is_client_fault(),
+            RetryError::RequestBody(_) => true,
+            _ => false,
+        }
+    }
+
     fn problem(&self) -> Problem {
+        if let RetryError::RequestBody(err) = self {
+            if let Some(too_large) = crate::limits::body_too_large(err) {
+                return Problem::body_too_large(too_large.limit);
+            }
+        }
         let problem = match self {
             RetryError::Upstream(err) => return err.problem(),
             RetryError::AttemptTimeout { after } => Problem::with_type(
@@ -73,6 +90,10 @@ impl IntoProblem for ProxyError {
         self.is_provably_unprocessed()
     }
 
+    fn is_client_fault(&self) -> bool {
+        ProxyError::is_client_fault(self)
+    }
+
     fn problem(&self) -> Problem {
         let endpoint_note = "the request was not processed by the backend";
         match self.kind() {
@@ -110,12 +131,15 @@ impl IntoProblem for ProxyError {
                 "Upstream connection failed",
                 "the connection to the upstream failed after the request was sent; the backend may have processed it",
             ),
-            ProxyErrorKind::BodyTooLarge => Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large",
-                "the streamed request body exceeded the gateway's limit",
-            ),
+            ProxyErrorKind::BodyTooLarge => match self.body_limit() {
+                Some(limit) => Problem::body_too_large(limit),
+                None => Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body-too-large",
+                    "Request body too large",
+                    "the streamed request body exceeded the gateway's limit",
+                ),
+            },
             ProxyErrorKind::BodyTimeout => Problem::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "body-timeout",
@@ -175,7 +199,13 @@ where
                 Ok(response) => Ok(response),
                 Err(err) => {
                     let problem = err.problem();
-                    tracing::warn!(error = %err, status = problem.status().as_u16(), "upstream request failed");
+                    let status = problem.status().as_u16();
+                    if err.is_client_fault() {
+                        // The client's own body: its 4xx is in the access log; no upstream failed.
+                        tracing::debug!(error = %err, status, "client request body refused");
+                    } else {
+                        tracing::warn!(error = %err, status, "upstream request failed");
+                    }
                     let mut response = problem.into_response();
                     if err.provably_unprocessed() {
                         response.extensions_mut().insert(NotForwarded);

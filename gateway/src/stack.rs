@@ -48,6 +48,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let pipeline = ServiceBuilder::new()
         .layer(crate::smuggling::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
+        .map_request(crate::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
         .layer(ObserveLayer) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
         .layer(RequestIdLayer) // X-Request-Id in and out
         .layer(LimitsLayer::new(

@@ -44,6 +44,9 @@ pub enum Rejection {
     },
     /// 400: the request body could not be read (the client aborted or sent bad framing).
     BodyUnreadable,
+    /// 413: a limit below this layer (the server's body limit) cut the body off while the
+    /// layer read it: the same problem the server gives for an oversized body.
+    BodyLimitExceeded,
     /// 502: the upstream call failed after the request may have been sent, so its outcome
     /// is unknown. Stored as the key's result and replayed: re-executing could duplicate.
     OutcomeUnknown,
@@ -73,7 +76,7 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidKey(_) | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::BodyLimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InFlight { .. } | Self::TooLargeToReplay { .. } => StatusCode::CONFLICT,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -93,6 +96,7 @@ impl Rejection {
             Self::Mismatch => "idempotency-key-reused",
             Self::StoreUnavailable { .. } => "idempotency-store-unavailable",
             Self::BodyUnreadable => "request-body-unreadable",
+            Self::BodyLimitExceeded => "body-too-large",
             Self::OutcomeUnknown => "idempotency-outcome-unknown",
             Self::Interrupted => "idempotency-previous-attempt-interrupted",
             Self::Internal => "idempotency-internal-error",
@@ -125,6 +129,7 @@ impl Rejection {
             Self::Mismatch => "Idempotency-Key reused with a different request",
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
             Self::BodyUnreadable => "Request body could not be read",
+            Self::BodyLimitExceeded => "Request body too large",
             Self::OutcomeUnknown => "Upstream outcome unknown",
             Self::Interrupted => "Earlier attempt interrupted; outcome unknown",
             Self::Internal => "Internal error",
@@ -157,6 +162,9 @@ impl Rejection {
                 Idempotency-Key could not be recorded. Retry later with the same key."
                 .to_owned(),
             Self::BodyUnreadable => "The request body ended early or was malformed.".to_owned(),
+            Self::BodyLimitExceeded => {
+                "The request body exceeds the server's size limit.".to_owned()
+            }
             Self::OutcomeUnknown => "The upstream failed after the request may have reached \
                 it, so whether it was executed is unknown. This result is kept for the \
                 Idempotency-Key so the request is not executed twice; check the resource's \
@@ -241,6 +249,12 @@ mod tests {
     #[test]
     fn statuses_and_rounding() {
         assert_eq!(Rejection::Mismatch.status(), 422);
+        assert_eq!(Rejection::BodyLimitExceeded.status(), 413);
+        assert_eq!(
+            Rejection::BodyLimitExceeded.problem_type(),
+            "https://portcullis.dev/problems/body-too-large",
+            "the same problem the gateway gives for an oversized body"
+        );
         assert_eq!(Rejection::InvalidKey(KeyError::Empty).status(), 400);
         assert_eq!(
             Rejection::TooLargeToReplay {

@@ -119,6 +119,11 @@ where
             let limit = settings.max_body_bytes;
             return Ok(Rejection::BodyTooLarge { limit }.into_response());
         }
+        // The server's own body limit, below this layer, arrives wrapped in the body's
+        // error chain: the client's 413, not an unreadable body.
+        Err(e) if caused_by::<LengthLimitError>(&*e) => {
+            return Ok(Rejection::BodyLimitExceeded.into_response());
+        }
         Err(_) => return Ok(Rejection::BodyUnreadable.into_response()),
     };
 
@@ -236,4 +241,16 @@ async fn acquire(
             }
         }
     }
+}
+
+/// Whether an error of type `T` is anywhere in `err`'s cause chain (typed, never by text).
+fn caused_by<T: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if e.is::<T>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }

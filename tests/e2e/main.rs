@@ -52,3 +52,5 @@ mod edge_early_answers;
 mod tls_upstream;
 // The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.
 mod edge_paths;
+// Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
+mod edge_hop_by_hop;

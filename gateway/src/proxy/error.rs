@@ -1,7 +1,7 @@
 //! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
 
 use crate::body_timeout::is_body_timeout;
-use crate::limits::is_body_limit_error;
+use crate::limits::body_too_large;
 use crate::retry::{FailureKind, UpstreamFailure};
 use crate::tls::{certificate_failure, TlsConnectError};
 
@@ -69,6 +69,23 @@ impl ProxyError {
         }
     }
 
+    /// The client's request body failed while being sent (its own error, kept by
+    /// `WitnessedBody`): too large, too slow or malformed — never the upstream's fault.
+    pub(crate) fn from_client_body(err: axum::Error, endpoint: usize) -> Self {
+        let kind = if body_too_large(&err).is_some() {
+            ProxyErrorKind::BodyTooLarge
+        } else if is_body_timeout(&err) {
+            ProxyErrorKind::BodyTimeout
+        } else {
+            ProxyErrorKind::BadClientBody
+        };
+        Self {
+            kind,
+            endpoint: Some(endpoint),
+            source: Some(Box::new(err)),
+        }
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> ProxyErrorKind {
         self.kind
@@ -78,6 +95,23 @@ impl ProxyError {
     pub fn certificate_reason(&self) -> Option<String> {
         let source: &(dyn std::error::Error + 'static) = self.source.as_deref()?;
         certificate_failure(source)
+    }
+
+    /// For [`ProxyErrorKind::BodyTooLarge`]: the limit the client's body exceeded.
+    pub fn body_limit(&self) -> Option<u64> {
+        let source: &(dyn std::error::Error + 'static) = self.source.as_deref()?;
+        body_too_large(source).map(|e| e.limit)
+    }
+
+    /// Whether the client caused this failure (its body was too large, too slow or
+    /// malformed): a 4xx for the client, never an upstream failure to warn about.
+    pub fn is_client_fault(&self) -> bool {
+        matches!(
+            self.kind,
+            ProxyErrorKind::BodyTooLarge
+                | ProxyErrorKind::BodyTimeout
+                | ProxyErrorKind::BadClientBody
+        )
     }
 
     /// The endpoint the attempt went to.
@@ -100,7 +134,7 @@ impl ProxyError {
 }
 
 fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
-    if is_body_limit_error(err) {
+    if body_too_large(err).is_some() {
         return ProxyErrorKind::BodyTooLarge;
     }
     if is_body_timeout(err) {
@@ -184,7 +218,7 @@ fn is_client_body_error(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The first error of type `T` in `err`'s cause chain.
-fn find<'a, T: std::error::Error + 'static>(
+pub(super) fn find<'a, T: std::error::Error + 'static>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a T> {
     let mut current = Some(err);

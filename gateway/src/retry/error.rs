@@ -84,8 +84,10 @@ pub mod problem {
     pub const UPSTREAM_TIMEOUT: &str = "https://portcullis.dev/problems/upstream-timeout";
     /// The upstream's circuit breaker is open (503).
     pub const CIRCUIT_OPEN: &str = "https://portcullis.dev/problems/circuit-open";
-    /// The request body could not be read (400 or 413).
+    /// The request body could not be read (400).
     pub const BAD_REQUEST_BODY: &str = "https://portcullis.dev/problems/bad-request-body";
+    /// The request body exceeded the gateway's limit (413).
+    pub const BODY_TOO_LARGE: &str = "https://portcullis.dev/problems/body-too-large";
 }
 
 // === impl RetryError ===
@@ -148,6 +150,7 @@ impl<E: UpstreamFailure> RetryError<E> {
             },
             Self::AttemptTimeout { .. } | Self::DeadlineExceeded => problem::UPSTREAM_TIMEOUT,
             Self::BreakerOpen { .. } => problem::CIRCUIT_OPEN,
+            Self::RequestBody(e) if is_length_limit(e) => problem::BODY_TOO_LARGE,
             Self::RequestBody(_) => problem::BAD_REQUEST_BODY,
         }
     }

@@ -1,0 +1,204 @@
+//! Hop-by-hop fields (RFC 9110 §7.6.1): `Connection`, the fields it names, and the fixed
+//! list `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+//! `Proxy-Authorization` / `Proxy-Authenticate`. They describe one connection and are never
+//! forwarded.
+//!
+//! # Where they are removed, and why there
+//!
+//! - **The client's request, at the edge** ([`strip_client_request`], the top of the
+//!   stack): before any layer adds or reads a header. Removing `Connection`-named fields
+//!   after the pipeline (as the proxy once did) let a client name away the headers the
+//!   gateway had just set — `Connection: Idempotency-Key` sent a keyed POST's retries
+//!   without the key to a backend trusted to dedupe on it, so a payment could run twice.
+//! - **Never the gateway's own fields.** A `Connection` token naming a header the gateway
+//!   sets or relies on ([`PROTECTED`]) is ignored and the header kept: `Connection` is a
+//!   statement about the client's connection to us, not a way to edit what the gateway
+//!   forwards. Every other token follows RFC 9110. (nginx acts on no token at all; proxies
+//!   that honour every token let clients strip `X-Forwarded-For` and the like.)
+//! - **The upstream's response, in the proxy** ([`strip_upstream_response`]): innermost,
+//!   before the outer layers add `X-RateLimit-*`, `RateLimit*`, `Retry-After`,
+//!   `X-Request-Id` and `Idempotent-Replayed`, so an upstream cannot name those away either.
+//! - **The gateway's own outgoing request** ([`strip_fixed`]): only the fixed list, for the
+//!   hop to the upstream; no client `Connection` header is left to parse by then.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+use crate::retry::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT};
+
+/// Hop-by-hop fields by definition, whatever `Connection` says. `Proxy-Authorization` is
+/// for the gateway itself (which asks for none) and `Proxy-Authenticate` is an upstream's
+/// challenge to a proxy: neither is ever meant for the next hop.
+static FIXED: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+];
+
+/// Fields a client's `Connection` header can never remove: the ones the gateway sets or
+/// relies on (idempotency key, tenant, request id, deadline, attempt, forwarded chain,
+/// credentials) plus `Host` and `Content-Length`, which define the message hyper already
+/// framed and the router matches on. (The tenant module's names are statics, which a static
+/// cannot copy; a test keeps these spellings equal to theirs.)
+static PROTECTED: [HeaderName; 13] = [
+    IDEMPOTENCY_KEY,
+    HeaderName::from_static("x-portcullis-tenant"),
+    X_REQUEST_ID,
+    X_REQUEST_DEADLINE,
+    X_RETRY_ATTEMPT,
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+    header::FORWARDED,
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    header::HOST,
+    header::CONTENT_LENGTH,
+];
+
+/// The edge: removes the client's hop-by-hop fields before any layer runs. Fields named in
+/// `Connection` go too, except the [`PROTECTED`] ones. hyper has already read `Connection`
+/// for its own keep-alive decision, so `close` still closes the client's connection.
+pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Request<B> {
+    let headers = request.headers_mut();
+    for name in connection_named(headers) {
+        if PROTECTED.contains(&name) {
+            tracing::debug!(header = %name, "Connection names a gateway header; kept");
+        } else {
+            headers.remove(name);
+        }
+    }
+    strip_fixed(headers);
+    request
+}
+
+/// The proxy, on an upstream response: `Connection`, every field it names, and the fixed
+/// list. Runs before the outer layers add the gateway's response headers.
+pub(crate) fn strip_upstream_response(headers: &mut HeaderMap) {
+    for name in connection_named(headers) {
+        headers.remove(name);
+    }
+    strip_fixed(headers);
+}
+
+/// Removes only the fixed hop-by-hop list (the proxy's own outgoing hop).
+pub(crate) fn strip_fixed(headers: &mut HeaderMap) {
+    for name in &FIXED {
+        headers.remove(name);
+    }
+}
+
+/// The field names listed in every `Connection` header; tokens that are not valid field
+/// names (or not text) are skipped. Allocates only when `Connection` is present.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(pairs: &[(&str, &str)]) -> http::Request<()> {
+        let mut builder = http::Request::builder();
+        for (name, value) in pairs {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn client_fields_named_in_connection_are_removed() {
+        let r = strip_client_request(request(&[
+            ("connection", "close, X-Secret ,keep-alive"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic Zm9v"),
+            ("transfer-encoding", "chunked"),
+            ("x-kept", "1"),
+        ]));
+        let names: Vec<_> = r.headers().keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-kept"]);
+    }
+
+    #[test]
+    fn gateway_fields_cannot_be_named_away() {
+        let mut pairs = vec![(
+            "connection",
+            "Idempotency-Key, X-Portcullis-Tenant, X-Request-Id, X-Request-Deadline, X-Retry-Attempt, \
+             X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host, Forwarded, Authorization, X-API-Key, Host, Content-Length",
+        )];
+        pairs.extend(PROTECTED.iter().map(|n| (n.as_str(), "v")));
+        let r = strip_client_request(request(&pairs));
+        for name in &PROTECTED {
+            assert_eq!(r.headers()[name], "v", "{name}");
+        }
+        assert!(r.headers().get("connection").is_none());
+    }
+
+    #[test]
+    fn protected_names_match_the_modules_that_own_them() {
+        for name in [
+            &crate::tenant::X_PORTCULLIS_TENANT,
+            &crate::tenant::X_API_KEY,
+            &crate::request_id::X_REQUEST_ID,
+            &portcullis_idempotency::key::IDEMPOTENCY_KEY,
+        ] {
+            assert!(PROTECTED.contains(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn upstream_response_loses_connection_named_fields_and_fixed_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            "x-ratelimit-remaining, x-private".parse().unwrap(),
+        );
+        h.insert("x-ratelimit-remaining", "999".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert("proxy-authenticate", "Basic".parse().unwrap());
+        h.insert("trailer", "x-sum".parse().unwrap());
+        h.insert("content-type", "text/plain".parse().unwrap());
+        strip_upstream_response(&mut h);
+        let names: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["content-type"]);
+    }
+
+    #[test]
+    fn fixed_list_ignores_connection_tokens() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "x-request-id".parse().unwrap());
+        h.insert("x-request-id", "abc".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        strip_fixed(&mut h);
+        let names: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-request-id"]);
+    }
+
+    proptest::proptest! {
+        // Arbitrary client Connection values never panic and never remove a protected field.
+        #[test]
+        fn arbitrary_connection_values_keep_protected_fields(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..120)) {
+            let mut r = request(&[("x-request-id", "id"), ("idempotency-key", "k")]);
+            if let Ok(v) = http::HeaderValue::from_bytes(&bytes) {
+                r.headers_mut().insert("connection", v);
+            }
+            let r = strip_client_request(r);
+            proptest::prop_assert_eq!(&r.headers()["x-request-id"], "id");
+            proptest::prop_assert_eq!(&r.headers()["idempotency-key"], "k");
+        }
+    }
+}
