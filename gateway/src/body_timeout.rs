@@ -70,14 +70,7 @@ impl http_body::Body for TimeoutBody {
 
 /// Whether an error chain contains a [`BodyTimeout`].
 pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(err) = current {
-        if err.is::<BodyTimeout>() {
-            return true;
-        }
-        current = err.source();
-    }
-    false
+    portcullis_problem::is_caused_by::<BodyTimeout>(error)
 }
 
 #[cfg(test)]

@@ -144,14 +144,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub fn body_too_large<'a>(
     error: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a BodyTooLarge> {
-    let mut current = Some(error);
-    while let Some(err) = current {
-        if let Some(found) = err.downcast_ref::<BodyTooLarge>() {
-            return Some(found);
-        }
-        current = err.source();
-    }
-    None
+    portcullis_problem::caused_by::<BodyTooLarge>(error)
 }
 
 #[cfg(test)]

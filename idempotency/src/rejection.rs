@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
-use serde::Serialize;
+use http::{HeaderMap, Response, StatusCode};
+use portcullis_problem::{retry_after_secs, Problem, TYPE_BASE};
 
 use crate::key::KeyError;
-
-const TYPE_BASE: &str = "https://portcullis.dev/problems/";
 
 /// A request the idempotency layer answers without forwarding it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,17 +54,6 @@ pub enum Rejection {
     Interrupted,
     /// 500: the layer's own processing failed unexpectedly (e.g. a panicked task).
     Internal,
-}
-
-#[derive(Serialize)]
-struct Problem {
-    #[serde(rename = "type")]
-    type_: String,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after: Option<u64>,
 }
 
 // === impl Rejection ===
@@ -113,7 +100,7 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
-                Some(whole_seconds(*retry_after))
+                Some(retry_after_secs(*retry_after))
             }
             _ => None,
         }
@@ -181,41 +168,26 @@ impl Rejection {
 
     /// Builds the problem+json response.
     pub fn into_response(self) -> Response<Body> {
-        let (status, headers, body) = self.to_parts();
-        let mut resp = Response::new(Body::from(body));
-        *resp.status_mut() = status;
-        *resp.headers_mut() = headers;
-        resp
+        self.problem().into_response()
     }
 
     /// Status, headers and body of the problem response (for storing it as well as sending).
     pub fn to_parts(&self) -> (StatusCode, HeaderMap, Bytes) {
-        let problem = Problem {
-            type_: self.problem_type(),
-            title: self.title(),
-            status: self.status().as_u16(),
-            detail: self.detail(),
-            retry_after: self.retry_after(),
-        };
-        // A struct of strings and integers always serializes.
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Some(secs) = self.retry_after() {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        (self.status(), h, Bytes::from(body))
+        self.problem().to_parts()
     }
-}
 
-/// Whole seconds, rounded up, never 0: `Retry-After: 0` invites an immediate hammering.
-fn whole_seconds(d: Duration) -> u64 {
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    s.max(1)
+    fn problem(&self) -> Problem {
+        let problem = Problem::new(
+            self.status(),
+            self.problem_slug(),
+            self.title(),
+            self.detail(),
+        );
+        match self.retry_after() {
+            Some(secs) => problem.retry_after_whole_secs(secs),
+            None => problem,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -263,9 +235,9 @@ mod tests {
             .status(),
             409
         );
-        assert_eq!(whole_seconds(Duration::ZERO), 1);
-        assert_eq!(whole_seconds(Duration::from_secs(3)), 3);
-        assert_eq!(whole_seconds(Duration::from_millis(3001)), 4);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+        assert_eq!(retry_after_secs(Duration::from_millis(3001)), 4);
         assert!(Rejection::Mismatch.retry_after().is_none());
     }
 }

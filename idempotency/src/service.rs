@@ -9,6 +9,7 @@ use axum::body::Body;
 use futures_util::future::BoxFuture;
 use http::{header, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use portcullis_problem::is_caused_by;
 use rand::Rng;
 use tokio::time::Instant;
 use tower::Service;
@@ -121,7 +122,7 @@ where
         }
         // The server's own body limit, below this layer, arrives wrapped in the body's
         // error chain: the client's 413, not an unreadable body.
-        Err(e) if caused_by::<LengthLimitError>(&*e) => {
+        Err(e) if is_caused_by::<LengthLimitError>(&*e) => {
             return Ok(Rejection::BodyLimitExceeded.into_response());
         }
         Err(_) => return Ok(Rejection::BodyUnreadable.into_response()),
@@ -241,16 +242,4 @@ async fn acquire(
             }
         }
     }
-}
-
-/// Whether an error of type `T` is anywhere in `err`'s cause chain (typed, never by text).
-fn caused_by<T: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if e.is::<T>() {
-            return true;
-        }
-        current = e.source();
-    }
-    false
 }

@@ -47,17 +47,11 @@ pub struct Verdict {
     decisions: SmallVec<[Decision; 4]>,
 }
 
-/// Whole seconds, rounded up: 0 s → 0, 1 ns → 1, 1 s → 1, 1.000001 s → 2.
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
+pub use portcullis_problem::ceil_secs;
 /// A wait as `Retry-After` (and the draft's `t`) carries it: whole seconds, rounded up, at
-/// least 1, so a client never reads "retry after 0 seconds" and spins. The one rounding of
-/// every wait this crate tells a client.
-pub(crate) fn wait_secs(d: Duration) -> u64 {
-    ceil_secs(d).max(1)
-}
+/// least 1, so a client never reads "retry after 0 seconds" and spins — the one rounding
+/// every Portcullis layer uses.
+pub(crate) use portcullis_problem::retry_after_secs as wait_secs;
 
 // === impl Decision ===
 

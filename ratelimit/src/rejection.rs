@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
-use serde::Serialize;
+use portcullis_problem::{retry_after_secs, Problem};
 
-use crate::decision::{wait_secs, Decision};
+use crate::decision::Decision;
 use crate::headers::write_headers;
 use crate::period::rfc3339;
 use crate::policy::Policy;
@@ -23,7 +22,7 @@ pub const QUOTA_EXCEEDED_TYPE: &str =
 pub const STORE_UNAVAILABLE_TYPE: &str =
     "https://portcullis.dev/problems/rate-limit-store-unavailable";
 /// `application/problem+json`.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub use portcullis_problem::CONTENT_TYPE as PROBLEM_JSON;
 
 /// A request the layer refuses, and everything needed to tell the client what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,31 +48,6 @@ pub enum Rejection {
     },
 }
 
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    type_: &'a str,
-    title: &'a str,
-    status: u16,
-    detail: String,
-    /// The reported policy; kept beside `violated-policies` for clients written before it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<&'a str>,
-    /// draft-ietf-httpapi-ratelimit-headers-10 §5.1: the names of the violated policies.
-    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
-    violated_policies: Option<Vec<&'a str>>,
-    /// `day` or `month` for a calendar quota.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    period: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remaining: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reset: Option<u64>,
-    retry_after: u64,
-}
-
 const RETRY_HOW: &str = "If the retry fails too, back off exponentially with random jitter \
      instead of retrying in a loop, and send the same Idempotency-Key on every retry so the \
      request is never executed twice.";
@@ -93,7 +67,7 @@ impl Rejection {
     pub fn retry_after(&self) -> u64 {
         match self {
             Self::RateLimited { decision, .. } => decision.retry_after_secs(),
-            Self::StoreUnavailable { retry_after } => wait_secs(*retry_after),
+            Self::StoreUnavailable { retry_after } => retry_after_secs(*retry_after),
         }
     }
 
@@ -141,41 +115,35 @@ impl Rejection {
                         rfc3339(reset),
                     ),
                 };
-                Problem {
-                    type_: QUOTA_EXCEEDED_TYPE,
-                    title: "Request cannot be satisfied as assigned quota has been exceeded",
-                    status: 429,
+                let problem = Problem::with_type(
+                    self.status(),
+                    QUOTA_EXCEEDED_TYPE,
+                    "Request cannot be satisfied as assigned quota has been exceeded",
                     detail,
-                    policy: Some(policy.name()),
-                    violated_policies: Some(violated),
-                    period: policy.period().map(|p| p.as_str()),
-                    limit: Some(decision.limit),
-                    remaining: Some(decision.remaining),
-                    reset: Some(reset),
-                    retry_after,
+                )
+                // `policy` is kept beside the draft's `violated-policies` for clients
+                // written before it.
+                .with("policy", policy.name())
+                .with("violated-policies", violated)
+                .with("limit", decision.limit)
+                .with("remaining", decision.remaining)
+                .with("reset", reset);
+                match policy.period() {
+                    Some(period) => problem.with("period", period.as_str()),
+                    None => problem,
                 }
             }
-            Self::StoreUnavailable { .. } => Problem {
-                type_: STORE_UNAVAILABLE_TYPE,
-                title: "Rate limiting is temporarily unavailable",
-                status: 503,
-                detail: format!(
+            Self::StoreUnavailable { .. } => Problem::with_type(
+                self.status(),
+                STORE_UNAVAILABLE_TYPE,
+                "Rate limiting is temporarily unavailable",
+                format!(
                     "The rate-limit store cannot be reached and this request's policy fails \
                      closed. Wait {retry_after} s (Retry-After) before retrying. {RETRY_HOW}"
                 ),
-                policy: None,
-                violated_policies: None,
-                period: None,
-                limit: None,
-                remaining: None,
-                reset: None,
-                retry_after,
-            },
+            ),
         };
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        let mut response = Response::new(Body::from(body));
-        *response.status_mut() = self.status();
-        let headers = response.headers_mut();
+        let mut response = problem.retry_after_whole_secs(retry_after).into_response();
         if let Self::RateLimited {
             policy,
             decision,
@@ -183,10 +151,8 @@ impl Rejection {
             ..
         } = self
         {
-            write_headers(headers, policy, decision, *unix_now);
+            write_headers(response.headers_mut(), policy, decision, *unix_now);
         }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
         response
     }
 }
@@ -200,6 +166,7 @@ impl IntoResponse for Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{CONTENT_TYPE, RETRY_AFTER};
 
     #[tokio::test]
     async fn quota_exceeded_problem() {

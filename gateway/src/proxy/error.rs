@@ -205,28 +205,8 @@ impl UpstreamFailure for ProxyError {
 /// hyper marks errors that came out of the request body we handed it (the client's stream)
 /// as "user" errors: the client's framing, not the upstream, failed.
 fn is_client_body_error(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if let Some(hyper_err) = e.downcast_ref::<hyper::Error>() {
-            if hyper_err.is_user() {
-                return true;
-            }
-        }
-        current = e.source();
-    }
-    false
+    find::<hyper::Error>(err).is_some_and(hyper::Error::is_user)
 }
 
 /// The first error of type `T` in `err`'s cause chain.
-pub(super) fn find<'a, T: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if let Some(found) = e.downcast_ref::<T>() {
-            return Some(found);
-        }
-        current = e.source();
-    }
-    None
-}
+pub(super) use portcullis_problem::caused_by as find;
