@@ -1,6 +1,7 @@
 //! A deadline on receiving the request body, so a client trickling its body (slow-body
 //! "slowloris") cannot hold a connection, an in-flight permit and an upstream connection
-//! for ever. Headers have their own bound (`server.header_read_timeout`, enforced by hyper).
+//! for ever. Heads have their own bound (`server.header_read_timeout`, enforced by the
+//! listener's connection watchdog).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -94,14 +94,22 @@ pub(crate) fn strip_fixed(headers: &mut HeaderMap) {
 }
 
 /// The field names listed in every `Connection` header; tokens that are not valid field
-/// names (or not text) are skipped. Allocates only when `Connection` is present.
+/// names (or not text) are skipped, and so are `close`, `keep-alive` and `upgrade`, which
+/// name no field the fixed list does not already remove. Allocates only when `Connection`
+/// names some other field (the common `Connection: keep-alive` costs nothing).
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|token| {
+            !["close", "keep-alive", "upgrade", ""]
+                .iter()
+                .any(|common| token.eq_ignore_ascii_case(common))
+        })
+        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .collect()
 }
 

@@ -299,6 +299,7 @@ fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, St
         name,
         header_read_timeout: config.server.header_read_timeout,
         keep_alive_timeout: config.server.keep_alive_timeout,
+        send_timeout: config.server.send_timeout,
         max_connections,
         max_header_bytes: config.server.max_header_bytes,
         shutdown_grace: config.server.shutdown_grace,

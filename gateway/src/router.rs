@@ -81,9 +81,17 @@ impl RouteTable {
     }
 }
 
+/// A segment boundary follows the prefix: `/`, the end, or `;` — matrix parameters
+/// (`/secure;jsessionid=1/pay`) that Java backends strip before routing, so the gateway's
+/// route must be the one the backend serves.
 fn prefix_matches(prefix: &str, path: &str) -> bool {
     match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+        Some(rest) => {
+            rest.is_empty()
+                || prefix.ends_with('/')
+                || rest.starts_with('/')
+                || rest.starts_with(';')
+        }
         None => false,
     }
 }
@@ -162,5 +170,8 @@ mod tests {
         assert!(prefix_matches("/", "/anything"));
         assert!(prefix_matches("/api/", "/api/x"));
         assert!(!prefix_matches("/orders", "/"));
+        // Matrix parameters end a segment, as Java backends read them.
+        assert!(prefix_matches("/secure", "/secure;jsessionid=1/pay"));
+        assert!(prefix_matches("/secure", "/secure;x"));
     }
 }

@@ -183,9 +183,14 @@ impl Rejection {
             self.title(),
             self.detail(),
         );
-        match self.retry_after() {
+        let problem = match self.retry_after() {
             Some(secs) => problem.retry_after_whole_secs(secs),
             None => problem,
+        };
+        match self {
+            // The rest of the body is never read: close after answering.
+            Self::BodyTooLarge { .. } | Self::BodyLimitExceeded => problem.closing(),
+            _ => problem,
         }
     }
 }

@@ -150,6 +150,8 @@ impl Problem {
             format!("the request body exceeds the limit of {limit} bytes"),
         )
         .with("limit", limit)
+        // The rest of the body is never read: close after answering (nginx does too).
+        .closing()
     }
 
     /// 431: the request head exceeds `server.max_header_bytes`.

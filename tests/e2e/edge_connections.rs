@@ -221,7 +221,8 @@ async fn keep_alive_outlives_the_header_deadline_and_is_advertised() {
         BIN,
         &config(
             &upstream.url(),
-            "header_read_timeout = \"300ms\"\nkeep_alive_timeout = \"20s\"",
+            // Keep-alive far beyond PATIENCE: only the header deadline can close it.
+            "header_read_timeout = \"300ms\"\nkeep_alive_timeout = \"1h\"",
             None,
         ),
     )
@@ -260,7 +261,12 @@ async fn idle_keep_alive_connections_close_after_their_timeout() {
     let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("fine")).await;
     let gateway = GatewayProcess::start(
         BIN,
-        &config(&upstream.url(), "keep_alive_timeout = \"1s\"", None),
+        // The header deadline far beyond PATIENCE: only the keep-alive bound can close it.
+        &config(
+            &upstream.url(),
+            "keep_alive_timeout = \"1s\"\nheader_read_timeout = \"300s\"",
+            None,
+        ),
     )
     .await;
     let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
@@ -317,4 +323,43 @@ async fn the_connection_cap_reclaims_idle_connections_and_refuses_busy_ones() {
         drop(answer);
     }
     assert!(upstream.hits().iter().all(|h| h.uri.path() != "/refused"));
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_and_frees_its_slot() {
+    // 64 MiB: far more than every socket buffer between gateway and client on loopback.
+    let big = "x".repeat(64 << 20);
+    let upstream =
+        ScriptedUpstream::start_with_fallback(vec![Step::ok(&big)], Step::ok("fine")).await;
+    let gateway = GatewayProcess::start(
+        BIN,
+        &config(
+            &upstream.url(),
+            "send_timeout = \"1s\"\nmax_in_flight = 1",
+            None,
+        ),
+    )
+    .await;
+    let mut stuck = TcpStream::connect(gateway.addr).await.unwrap();
+    stuck
+        .write_all(b"GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    // While the stuck client holds the only in-flight slot, others are shed (503); once the
+    // gateway gives up on it, they are served again.
+    let client = crate::common::client();
+    let mut served = false;
+    for _ in 0..100 {
+        let response = client.get(gateway.url() + "/next").send().await.unwrap();
+        if response.status() == 200 {
+            served = true;
+            break;
+        }
+        assert_eq!(response.status(), 503);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(served, "the stuck client kept its slot");
+    // The stuck connection was closed before the whole body went out.
+    let received = read_until_closed(&mut stuck).await.unwrap_or_default();
+    assert!(received.len() < big.len(), "{} bytes", received.len());
 }

@@ -76,6 +76,11 @@ pub fn heads() -> Vec<(String, Vec<u8>)> {
         ("te-xchunked", "Transfer-Encoding: xchunked"),
         ("te-chunked-param", "Transfer-Encoding: chunked;q=1"),
         ("te-comma-only", "Transfer-Encoding: ,"),
+        ("te-trailing-comma", "Transfer-Encoding: chunked,"),
+        (
+            "te-empty-second-line",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: ",
+        ),
         ("te-vertical-tab", "Transfer-Encoding: \x0bchunked"),
         (
             "te-lines-chunked-then-gzip",
@@ -189,6 +194,8 @@ pub fn heads() -> Vec<(String, Vec<u8>)> {
         ("climb-encoded", "/%2e%2e/%2e%2e/etc/passwd"),
         ("backslash", "/scan\\..\\secure"),
         ("encoded-control", "/scan%01"),
+        ("dot-dot-parameters", "/public/..;/secure"),
+        ("dot-parameters", "/public/.;x=1/secure"),
     ] {
         add(&format!("path-{name}"), target(path));
     }

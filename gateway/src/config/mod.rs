@@ -115,6 +115,8 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// Idle keep-alive bound.
     pub keep_alive_timeout: Duration,
+    /// Bound on a write the client does not take.
+    pub send_timeout: Duration,
     /// Connection cap of the proxy listener.
     pub max_connections: usize,
     /// Request body read bound.

@@ -22,6 +22,8 @@ pub const DEFAULT_SHUTDOWN_GRACE: HumanDuration = HumanDuration::secs(30);
 pub const DEFAULT_HEADER_READ_TIMEOUT: HumanDuration = HumanDuration::secs(10);
 /// Default `server.keep_alive_timeout`: nginx's `keepalive_timeout`.
 pub const DEFAULT_KEEP_ALIVE_TIMEOUT: HumanDuration = HumanDuration::secs(75);
+/// Default `server.send_timeout`: nginx's `send_timeout`.
+pub const DEFAULT_SEND_TIMEOUT: HumanDuration = HumanDuration::secs(60);
 /// Default `server.max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
@@ -74,6 +76,8 @@ pub struct RawServer {
     pub header_read_timeout: HumanDuration,
     /// Idle keep-alive connections are closed after this; advertised as `Keep-Alive`.
     pub keep_alive_timeout: HumanDuration,
+    /// A client that takes none of a pending write for this long is disconnected.
+    pub send_timeout: HumanDuration,
     /// Open client connections on the proxy listener at most.
     pub max_connections: usize,
     /// Bound on receiving a whole request body.
@@ -104,6 +108,7 @@ impl Default for RawServer {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             body_read_timeout: HumanDuration::secs(30),
             log_format: "human".into(),

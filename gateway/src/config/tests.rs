@@ -233,3 +233,13 @@ fn buckets_the_limiter_cannot_enforce_are_refused() {
     let text = "[rate_limit]\nglobal = { rate = 2000000, per = \"1s\", burst = 10 }\n";
     assert_eq!(invalid_paths(text), vec!["rate_limit.global".to_owned()]);
 }
+
+#[test]
+fn route_prefixes_must_be_in_the_normal_form_requests_are_matched_in() {
+    for prefix in ["/api//v1", "/a/./b", "/%7euser", "/a/%2e%2e/b", "/a%2Fb"] {
+        let text = MINIMAL.replace("prefix = \"/orders\"", &format!("prefix = {prefix:?}"));
+        assert_eq!(invalid_paths(&text), ["routes[0].prefix"], "{prefix}");
+    }
+    let text = MINIMAL.replace("prefix = \"/orders\"", "prefix = \"/api/v1/\"");
+    assert!(Config::parse(&text, &env()).is_ok());
+}

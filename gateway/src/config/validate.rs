@@ -139,6 +139,13 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
     );
     duration_range(
         issues,
+        "server.send_timeout",
+        raw.send_timeout.get(),
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    );
+    duration_range(
+        issues,
         "server.body_read_timeout",
         raw.body_read_timeout.get(),
         Duration::from_secs(1),
@@ -174,6 +181,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         shutdown_grace: raw.shutdown_grace.get(),
         header_read_timeout: raw.header_read_timeout.get(),
         keep_alive_timeout: raw.keep_alive_timeout.get(),
+        send_timeout: raw.send_timeout.get(),
         max_connections: raw.max_connections,
         body_read_timeout: raw.body_read_timeout.get(),
         log_format,
@@ -359,6 +367,22 @@ fn routes(
                     format!("{path}.prefix"),
                     format!("= {:?}: must start with '/'", r.prefix),
                 );
+            } else {
+                // Requests are matched in normal form; a prefix in another form never matches.
+                match crate::target::normalize_path(&r.prefix) {
+                    Ok(std::borrow::Cow::Borrowed(_)) => {}
+                    Ok(normal) => issues.push(
+                        format!("{path}.prefix"),
+                        format!(
+                            "= {:?}: not in normal form (requests are matched after normalisation); write {normal:?}",
+                            r.prefix
+                        ),
+                    ),
+                    Err(why) => issues.push(
+                        format!("{path}.prefix"),
+                        format!("= {:?}: {why}", r.prefix),
+                    ),
+                }
             }
             if !prefixes.insert(r.prefix.as_str()) {
                 issues.push(

@@ -16,7 +16,8 @@
 //! | fresh connection, no request yet (h1, h2, after TLS) | `header_read_timeout` | closed |
 //! | a request head arrived in part | `header_read_timeout`, from its first byte or from the end of the response before it, whichever is later | closed |
 //! | between requests (keep-alive), nothing in flight | `keep_alive_timeout` | closed gracefully (HTTP/2: GOAWAY) |
-//! | a request in flight or its response streaming | none here (attempt and body timeouts apply) | — |
+//! | the client does not take what the gateway writes (socket buffers full) | `send_timeout`, between two writes that make progress | closed |
+//! | a request in flight or its response streaming | none otherwise (attempt and body timeouts apply) | — |
 //!
 //! A head that arrives in one read never registers as "in part", so the common path costs
 //! two atomic operations per request and no timer reset.
@@ -35,6 +36,8 @@ pub(crate) struct Timeouts {
     pub(crate) header_read: Duration,
     /// An idle connection between requests is closed after this.
     pub(crate) keep_alive: Duration,
+    /// A write the client does not take for this long closes the connection.
+    pub(crate) send: Duration,
 }
 
 /// Why a connection's wait ran out.
@@ -44,6 +47,8 @@ pub(crate) enum Expiry {
     Head,
     /// Nothing happened for the idle bound: close gracefully.
     Idle,
+    /// The client stopped reading what the gateway sends: close at once.
+    Send,
 }
 
 /// Shared state of one connection: requests in flight, a request head arriving in part,
@@ -58,6 +63,8 @@ pub struct Activity {
     idle_since_ms: AtomicU64,
     /// 1 + when the head now arriving in part started; 0 when none is.
     head_since_ms: AtomicU64,
+    /// 1 + since when a write has been waiting for the client to make room; 0 when none is.
+    write_blocked_since_ms: AtomicU64,
     /// Wakes the watchdog when its deadline may have moved earlier or become due.
     changed: Notify,
 }
@@ -77,6 +84,7 @@ impl Activity {
             served: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(0),
+            write_blocked_since_ms: AtomicU64::new(0),
             changed: Notify::new(),
         })
     }
@@ -111,6 +119,23 @@ impl Activity {
         self.head_since_ms.store(0, Ordering::Relaxed);
     }
 
+    /// A write found the client's side full (the client is not reading).
+    pub(crate) fn write_blocked(&self) {
+        if self.write_blocked_since_ms.load(Ordering::Relaxed) == 0 {
+            self.write_blocked_since_ms
+                .store(self.now_ms().saturating_add(1), Ordering::Relaxed);
+            // The send deadline may fall before anything the watchdog sleeps on.
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write went through.
+    pub(crate) fn write_progressed(&self) {
+        if self.write_blocked_since_ms.load(Ordering::Relaxed) != 0 {
+            self.write_blocked_since_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Is the connection between requests, with nothing arriving and nothing in flight?
     pub(crate) fn is_idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
@@ -120,6 +145,10 @@ impl Activity {
     /// When the connection's current wait runs out, and what that means; `None` while a
     /// request is in flight (then only [`changed`](Self::changed) ends the watchdog's wait).
     pub(crate) fn deadline(&self, timeouts: &Timeouts) -> Option<(Instant, Expiry)> {
+        match self.write_blocked_since_ms.load(Ordering::Relaxed) {
+            0 => {}
+            blocked => return Some((self.at(blocked - 1) + timeouts.send, Expiry::Send)),
+        }
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -153,10 +182,12 @@ impl Activity {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let activity = &self.0;
+        // Stored first: a watchdog that sees the count reach 0 must see when it did (the
+        // value is not read while requests are in flight).
+        activity
+            .idle_since_ms
+            .store(activity.now_ms(), Ordering::Relaxed);
         if activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            activity
-                .idle_since_ms
-                .store(activity.now_ms(), Ordering::Relaxed);
             activity.changed.notify_one();
         }
     }
@@ -169,6 +200,7 @@ mod tests {
     const TIMEOUTS: Timeouts = Timeouts {
         header_read: Duration::from_secs(10),
         keep_alive: Duration::from_secs(75),
+        send: Duration::from_secs(60),
     };
 
     #[tokio::test(start_paused = true)]
@@ -223,6 +255,27 @@ mod tests {
         assert_eq!(
             activity.deadline(&TIMEOUTS),
             Some((Instant::now() + TIMEOUTS.header_read, Expiry::Head))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_timed_even_mid_request() {
+        let activity = Activity::new();
+        let _token = activity.request();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        activity.write_blocked();
+        let blocked = Instant::now();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        activity.write_blocked(); // still the same stall
+        assert_eq!(
+            activity.deadline(&TIMEOUTS),
+            Some((blocked + TIMEOUTS.send, Expiry::Send))
+        );
+        activity.write_progressed();
+        assert_eq!(
+            activity.deadline(&TIMEOUTS),
+            None,
+            "in flight and writing: no bound"
         );
     }
 

@@ -19,13 +19,15 @@
 //! for a first request are bounded by `server.header_read_timeout`, and so is every request
 //! head that arrives in part; an idle connection between requests is closed after
 //! `server.keep_alive_timeout` (HTTP/2: GOAWAY), which HTTP/1 responses advertise as
-//! `Keep-Alive: timeout=N` so clients stop reusing the connection first.
+//! `Keep-Alive: timeout=N` so clients stop reusing the connection first; a client that stops
+//! reading what the gateway writes is disconnected after `server.send_timeout`.
 //!
 //! # Connection cap
 //!
-//! At the cap, the listener asks idle keep-alive connections to close (as nginx reuses
-//! idle connections when `worker_connections` runs out) and waits briefly for a slot; if
-//! none frees up, the new connection is closed at once and counted in
+//! At the cap, the listener asks up to 32 idle keep-alive connections to close (as nginx
+//! reuses idle connections when `worker_connections` runs out) and the new connection waits
+//! briefly for a slot, without holding up the accept loop; if none frees up, it is closed
+//! and counted in
 //! `connections_refused_total{listener}`. The admin listener has a cap of its own, so
 //! `/healthz`, `/readyz` and `/metrics` stay reachable when the proxy listener is full.
 //!
@@ -38,10 +40,12 @@
 pub(crate) mod activity;
 mod service;
 mod sniff;
+mod watched;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,12 +65,15 @@ pub use self::activity::Activity;
 use self::activity::{Expiry, Timeouts};
 use self::service::ConnectionService;
 use self::sniff::{sniff, Protocol, Rewind};
+use self::watched::Watched;
 use crate::config::Http2Settings;
 use crate::smuggling::FramingGuard;
 use crate::tls::ALPN_H2;
 
-/// How long the listener waits for reclaimed idle connections to free a slot at the cap.
+/// How long a connection accepted at the cap waits for a reclaimed idle one to free a slot.
 const RECLAIM_WAIT: Duration = Duration::from_millis(50);
+/// Idle connections closed at most per connection accepted at the cap (nginx reclaims 32).
+const RECLAIM_BATCH: usize = 32;
 /// How long a connection closed for idleness may take to say goodbye (GOAWAY, lingering).
 const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
 
@@ -83,6 +90,8 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// Idle keep-alive connections are closed after this.
     pub keep_alive_timeout: Duration,
+    /// A client that takes none of a pending write for this long is disconnected.
+    pub send_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
     /// Request head limit; hyper's read buffer is sized above it so the limits layer, not
@@ -104,6 +113,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("name", &self.name)
             .field("header_read_timeout", &self.header_read_timeout)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
+            .field("send_timeout", &self.send_timeout)
             .field("max_connections", &self.max_connections)
             .field("max_header_bytes", &self.max_header_bytes)
             .field("shutdown_grace", &self.shutdown_grace)
@@ -128,8 +138,10 @@ struct Listener {
     keep_alive: HeaderValue,
     /// The guard holds back at most what hyper would buffer for one head.
     head_limit: usize,
-    /// Asks idle connections to close (connection cap reached).
+    /// Asks idle connections to close (connection cap reached) …
     reclaim: Notify,
+    /// … this many of them at most.
+    reclaim_budget: AtomicUsize,
     /// `true` once the listener shuts down.
     stop: watch::Receiver<bool>,
 }
@@ -176,14 +188,29 @@ impl Listener {
             http2,
             keep_alive,
             reclaim: Notify::new(),
+            reclaim_budget: AtomicUsize::new(0),
             stop,
         }
+    }
+
+    /// Counts this connection against the reclaim budget; `false` once it is spent.
+    fn take_reclaim(&self) -> bool {
+        self.reclaim_budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// At the cap: asks up to [`RECLAIM_BATCH`] idle connections to close.
+    fn reclaim_idle(&self) {
+        self.reclaim_budget.store(RECLAIM_BATCH, Ordering::Release);
+        self.reclaim.notify_waiters();
     }
 
     fn timeouts(&self) -> Timeouts {
         Timeouts {
             header_read: self.options.header_read_timeout,
             keep_alive: self.options.keep_alive_timeout,
+            send: self.options.send_timeout,
         }
     }
 
@@ -232,6 +259,7 @@ impl Listener {
     where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        let io = Watched::new(io, conn.activity.clone());
         let guarded = FramingGuard::new(io, self.head_limit, conn.activity.clone());
         let service = ConnectionService::new(
             conn.pipeline,
@@ -250,6 +278,7 @@ impl Listener {
     {
         let service =
             ConnectionService::new(conn.pipeline, conn.peer, tls, conn.activity.clone(), None);
+        let io = Watched::new(io, conn.activity.clone());
         let connection = self.http2.serve_connection(TokioIo::new(io), service);
         self.watch(connection, conn.activity, conn.peer).await;
     }
@@ -279,12 +308,16 @@ impl Listener {
                         // Like nginx's client_header_timeout: no answer, just close.
                         return closed("header_timeout", self.options.name, peer);
                     }
+                    Some((at, Expiry::Send)) if at <= Instant::now() => {
+                        // Like nginx's send_timeout: the client stopped reading.
+                        return closed("send_timeout", self.options.name, peer);
+                    }
                     Some((at, Expiry::Idle)) if at <= Instant::now() => break "idle",
                     _ => continue,
                 },
                 () = activity.changed() => continue,
                 () = self.reclaim.notified(), if idle => {
-                    if activity.is_idle() { break "reclaimed" }
+                    if activity.is_idle() && self.take_reclaim() { break "reclaimed" }
                 }
                 _ = stop.wait_for(|stop| *stop) => break "shutdown",
             }
@@ -345,15 +378,18 @@ pub async fn serve(
                         continue;
                     }
                 };
-                let Some(slot) = take_slot(&slots, &shared.reclaim).await else {
-                    refused.increment(1);
-                    tracing::debug!(%peer, listener = name, "connection cap reached; connection closed");
-                    continue;
-                };
                 let _ = stream.set_nodelay(true);
                 let (shared, open, pipeline) = (shared.clone(), open.clone(), service.clone());
-                open.increment(1.0);
+                let (slots, refused) = (slots.clone(), refused.clone());
+                // The accept loop never waits: at the cap, the connection's own task waits
+                // briefly for a reclaimed slot.
                 tokio::spawn(async move {
+                    let Some(slot) = take_slot(&slots, &shared).await else {
+                        refused.increment(1);
+                        tracing::debug!(%peer, listener = name, "connection cap reached; connection closed");
+                        return;
+                    };
+                    open.increment(1.0);
                     shared.connection(pipeline, stream, peer).await;
                     open.decrement(1.0);
                     drop(slot);
@@ -383,12 +419,12 @@ pub async fn serve(
 }
 
 /// A connection slot: at once if one is free; else idle connections are asked to close
-/// and the listener waits briefly for one of them.
-async fn take_slot(slots: &Arc<Semaphore>, reclaim: &Notify) -> Option<OwnedSemaphorePermit> {
+/// and the new connection waits briefly for one of them.
+async fn take_slot(slots: &Arc<Semaphore>, listener: &Listener) -> Option<OwnedSemaphorePermit> {
     if let Ok(slot) = slots.clone().try_acquire_owned() {
         return Some(slot);
     }
-    reclaim.notify_waiters();
+    listener.reclaim_idle();
     tokio::time::timeout(RECLAIM_WAIT, slots.clone().acquire_owned())
         .await
         .ok()?

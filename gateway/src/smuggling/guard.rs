@@ -38,35 +38,25 @@
 //! answer: closing a socket with unread bytes makes the kernel send a reset, and the reset
 //! discards the response the client has not read yet. So when hyper closes a connection
 //! that may still have request bytes in flight, the guard first half-closes (FIN), then
-//! reads and discards what the client still sends, for at most [`LINGERING_TIME`] in
-//! all, [`LINGERING_TIMEOUT`] between reads and [`LINGERING_BYTES`] bytes, as nginx's
+//! reads and discards what the client still sends, for at most `LINGERING_TIME` in
+//! all, `LINGERING_TIMEOUT` between reads and `LINGERING_BYTES` bytes, as nginx's
 //! `lingering_close` does (its defaults: 30 s and 5 s).
 //!
 //! Cost on the common path: the head is parsed once more (httparse, no allocation) and the
 //! bytes are read straight into hyper's buffer; only a head split across reads is copied.
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
 
 use super::chunked::{ChunkTracker, Progress};
 use super::head::{self, BodyFraming, HeadVerdict, Refusal};
 use super::REFUSAL_HEADER;
 use crate::server::Activity;
-
-/// The longest a closing connection reads and discards what its client still sends.
-pub const LINGERING_TIME: Duration = Duration::from_secs(30);
-/// The longest a lingering close waits for the client's next bytes.
-pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most a lingering close discards.
-pub const LINGERING_BYTES: u64 = 64 << 20;
 
 /// Wraps a client connection that hyper serves as HTTP/1.x.
 #[derive(Debug)]
@@ -85,29 +75,7 @@ pub struct FramingGuard<IO> {
     /// Where partial heads are reported, for the connection's watchdog.
     activity: Arc<Activity>,
     /// Set once hyper closes the connection.
-    closing: Option<Box<Linger>>,
-}
-
-/// A closing connection's state.
-#[derive(Debug)]
-struct Linger {
-    state: LingerState,
-    discarded: u64,
-    until: Instant,
-    quiet: Pin<Box<Sleep>>,
-}
-
-/// The steps of a close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LingerState {
-    /// Sending our FIN (TLS: close_notify).
-    Shutting,
-    /// Looking once for bytes already waiting.
-    Peeking,
-    /// Discarding what the client sends until it stops, or the bounds are reached.
-    Draining,
-    /// Closed.
-    Done,
+    closing: Option<Box<linger::Linger>>,
 }
 
 /// Where in the request stream the next byte falls.
@@ -387,57 +355,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> FramingGuard<IO> {
-    /// Shuts our side down, then lingers while the client may still be sending.
-    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let may_have_unread_input = self.may_have_unread_input();
-        let linger = self.closing.get_or_insert_with(|| {
-            Box::new(Linger {
-                state: LingerState::Shutting,
-                discarded: 0,
-                until: Instant::now() + LINGERING_TIME,
-                quiet: Box::pin(tokio::time::sleep(LINGERING_TIMEOUT)),
-            })
-        });
-        if linger.state == LingerState::Shutting {
-            ready!(Pin::new(&mut self.io).poll_shutdown(cx))?;
-            // Linger where bytes may be on their way, or already wait in the socket (nginx
-            // decides the same way: an unread body, pipelined data, a readable socket).
-            linger.state = if may_have_unread_input {
-                LingerState::Draining
-            } else {
-                LingerState::Peeking
-            };
-        }
-        let mut scratch = [0u8; 4096];
-        while linger.state != LingerState::Done {
-            let mut buf = ReadBuf::new(&mut scratch);
-            match Pin::new(&mut self.io).poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
-                    linger.discarded += buf.filled().len() as u64;
-                    let quiet_until = (Instant::now() + LINGERING_TIMEOUT).min(linger.until);
-                    linger.quiet.as_mut().reset(quiet_until);
-                    linger.state = if linger.discarded < LINGERING_BYTES {
-                        LingerState::Draining
-                    } else {
-                        LingerState::Done
-                    };
-                }
-                // End of stream or a broken connection: nothing left to protect.
-                Poll::Ready(_) => linger.state = LingerState::Done,
-                // Nothing waiting in the socket: close at once.
-                Poll::Pending if linger.state == LingerState::Peeking => {
-                    linger.state = LingerState::Done
-                }
-                Poll::Pending => {
-                    ready!(linger.quiet.as_mut().poll(cx));
-                    linger.state = LingerState::Done;
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-}
+mod linger;
 
 #[cfg(test)]
 mod tests;

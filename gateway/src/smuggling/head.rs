@@ -187,7 +187,8 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
             for coding in codings(header.value) {
                 match coding {
                     Some(c) if c.eq_ignore_ascii_case(b"chunked") => chunked_count += 1,
-                    Some([]) => {}
+                    // Any other coding; also an empty element (`chunked,`), which hyper
+                    // refuses with a bare 400 — refused here so the answer is problem+json.
                     _ => other_coding = true,
                 }
             }

@@ -1,7 +1,8 @@
 //! Request-smuggling defence: a request whose end is ambiguous — `Content-Length` with
-//! `Transfer-Encoding`, differing `Content-Length` values, a length that is not a number, a
-//! `Transfer-Encoding` that does not end in `chunked` — is answered 400 problem+json and
-//! its connection closed, before any layer reads its body or any byte of it goes upstream.
+//! `Transfer-Encoding`, differing `Content-Length` values, a length that is not a number,
+//! `chunked` applied twice — is answered 400 problem+json and its connection closed, before
+//! any layer reads its body or any byte of it goes upstream. A `Transfer-Encoding` other than
+//! exactly `chunked` is answered 501, a request line naming another HTTP version 505.
 //!
 //! # Two halves
 //!
@@ -14,9 +15,10 @@
 //!   hyper does (following bodies by their framing to find the next head). A head to refuse
 //!   reaches hyper as a small refusal request carrying [`REFUSAL_HEADER`] and
 //!   `connection: close`; nothing after it is read.
-//! - [`SmugglingLayer`], outermost in the pipeline, answers that request 400 (431 for too
-//!   many header lines) problem+json with `Connection: close`, and refuses conflicting
-//!   framing headers that reach it by any other route.
+//! - [`SmugglingLayer`], outermost in the pipeline, answers that request with the
+//!   refusal's status (400; 431 for too many header lines, 501, 505) in problem+json with
+//!   `Connection: close`, and refuses conflicting framing headers that reach it by any
+//!   other route.
 //!
 //! The guard also turns heads hyper cannot parse at all into the same problem+json answer.
 //!

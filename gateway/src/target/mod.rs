@@ -28,6 +28,8 @@
 mod host;
 mod path;
 
+pub(crate) use path::normalize as normalize_path;
+
 use std::borrow::Cow;
 use std::task::{Context, Poll};
 

@@ -37,6 +37,10 @@ pub(crate) enum PathError {
     /// `..` above the root.
     #[error("the path climbs above the root with a '..' segment")]
     AboveRoot,
+    /// A `.` or `..` segment with `;` parameters (`..;/`): Tomcat, Jetty and Spring strip
+    /// the parameters and climb, so `/public/..;/secure` would reach `/secure` unseen.
+    #[error("the path has a '.' or '..' segment with ';' parameters, which backends resolve differently")]
+    DotSegmentParameters,
     /// `\\` or `%5C`: a separator on some backends (Windows, IIS, Node's `path.win32`), a
     /// plain byte to others.
     #[error("the path contains a backslash ('\\' or %5C), which backends read differently")]
@@ -55,6 +59,7 @@ impl PathError {
             Self::MalformedPercent => "malformed-percent-encoding",
             Self::AboveRoot => "dot-segment-above-root",
             Self::Backslash => "backslash",
+            Self::DotSegmentParameters => "dot-segment-with-parameters",
         }
     }
 }
@@ -87,7 +92,7 @@ fn is_normal(path: &[u8]) -> bool {
             None | Some(b'/') => {
                 let segment = &path[segment_start..i];
                 // An empty segment is `//`, unless it is the one after a trailing slash.
-                if (segment.is_empty() && i < path.len()) || segment == b"." || segment == b".." {
+                if (segment.is_empty() && i < path.len()) || is_dot_segment(segment) {
                     return false;
                 }
                 segment_start = i + 1;
@@ -161,6 +166,9 @@ fn remove_dot_segments(path: &str) -> Result<String, PathError> {
     let mut trailing_slash = false;
     for segment in path.get(1..).unwrap_or_default().split('/') {
         trailing_slash = true;
+        if segment.contains(';') && is_dot_segment(segment.as_bytes()) {
+            return Err(PathError::DotSegmentParameters);
+        }
         match segment {
             "" | "." => {}
             ".." => {
@@ -179,6 +187,12 @@ fn remove_dot_segments(path: &str) -> Result<String, PathError> {
         out.push('/');
     }
     Ok(out)
+}
+
+/// `.` or `..`, also with `;` parameters after it (which backends strip before resolving).
+fn is_dot_segment(segment: &[u8]) -> bool {
+    let name = segment.split(|b| *b == b';').next().unwrap_or_default();
+    name == b"." || name == b".."
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
@@ -291,6 +305,9 @@ mod tests {
             ("/scan\\..\\secure", PathError::Backslash),
             ("/a\\b", PathError::Backslash),
             ("/a%5Cb", PathError::Backslash),
+            ("/public/..;/secure", PathError::DotSegmentParameters),
+            ("/a/.;x=1/b", PathError::DotSegmentParameters),
+            ("/a/%2e%2e;/b", PathError::DotSegmentParameters),
             ("/a%5c..%5csecure", PathError::Backslash),
             ("/%2e%2e/", PathError::AboveRoot),
             ("*", PathError::NotAbsolute),

@@ -1,6 +1,8 @@
+use super::linger::{LINGERING_TIME, LINGERING_TIMEOUT};
 use super::*;
 use crate::server::Activity;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
 
 /// What hyper would receive when `stream` arrives in pieces of `split` bytes.
 async fn through_guard(stream: &[u8], split: usize) -> Vec<u8> {
@@ -114,6 +116,7 @@ async fn heads_arriving_in_part_are_reported_to_the_watchdog() {
     let timeouts = Timeouts {
         header_read: std::time::Duration::from_secs(10),
         keep_alive: std::time::Duration::from_secs(75),
+        send: std::time::Duration::from_secs(60),
     };
     let activity = Activity::new();
     let (mut client, server) = tokio::io::duplex(1024);
