@@ -3,6 +3,8 @@
 //!
 //! This crate assembles the concern crates (`portcullis-ratelimit`, `portcullis-idempotency`)
 //! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
+//! The control plane (database, tenant directory and its reload, quotas, admin API and CLI)
+//! is `portcullis-control`: this crate only reads its tenant snapshot on the request path.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
