@@ -34,7 +34,7 @@ pub enum IdempotencyStoreError {
     Store(#[from] StoreError),
     /// PostgreSQL could not be reached or migrated.
     #[error("storage.idempotency: {0}")]
-    Database(#[from] crate::db::DbError),
+    Database(#[from] portcullis_control::DbError),
 }
 
 /// Builds the configured store and starts its background expiry.
@@ -57,7 +57,7 @@ pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyS
             )
         }
         IdempotencyBackend::Postgres(url) => {
-            let pool = crate::db::connect_postgres(url).await?;
+            let pool = portcullis_control::db::connect_postgres(url).await?;
             let store = PostgresStore::new(pool);
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Arc::new(store)

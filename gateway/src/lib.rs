@@ -3,6 +3,8 @@
 //!
 //! This crate assembles the concern crates (`portcullis-ratelimit`, `portcullis-idempotency`)
 //! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
+//! The control plane (database, tenant directory and its reload, quotas, admin API and CLI)
+//! is `portcullis-control`: this crate only reads its tenant snapshot on the request path.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,11 +14,8 @@
 //! # Ok(()) }
 //! ```
 
-pub mod admin;
-pub mod admin_cli;
 pub mod body_timeout;
 pub mod config;
-pub mod db;
 pub mod demo_upstream;
 pub mod forwarded;
 pub(crate) mod hop_by_hop;
@@ -26,8 +25,6 @@ pub mod metrics;
 pub mod ops;
 pub mod problem;
 pub mod proxy;
-pub mod quota;
-pub mod quota_admin;
 pub mod ratelimit;
 pub mod request_id;
 pub mod rescue;
@@ -46,12 +43,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{Config, IdempotencyBackend, StateBackend};
-use crate::db::{Database, DbError};
 use crate::ops::Health;
 use crate::proxy::Upstream;
 use crate::retry::Dependency;
 use crate::server::ServeOptions;
-use crate::tenant::Directory;
+use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -96,18 +92,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let metrics = metrics::install();
-    let db = Database::connect(&config.storage.database).await?;
-    db.upsert_tenants(&config.tenants).await?;
-    let directory = Arc::new(Directory::new(db.load_snapshot().await?));
+    let db = match &config.storage.database {
+        config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await?,
+        config::DatabaseBackend::Postgres(url) => Database::postgres(url).await?,
+    };
+    db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
+    let directory = Arc::new(Directory::open(&db).await?);
     let idempotency_store = idempotency::build_store(&config).await?;
     let limiter = ratelimit::build_limiter(&config)?;
-    let rejections = Arc::new(quota_admin::RejectionCounters::default());
-    // The admin API's view of rate limiting (usage, period reset and top-up).
-    let quota_admin: Arc<dyn quota::QuotaAdmin> = Arc::new(quota_admin::LimiterQuotaAdmin::new(
-        limiter.clone(),
-        directory.clone(),
-        rejections.clone(),
-    ));
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -162,8 +154,7 @@ pub async fn run(
         dependencies,
         directory,
         idempotency_store,
-        limiter,
-        rejections,
+        limiter: limiter.clone(),
         health: health.clone(),
     };
     let service = stack::build(&config, parts);
@@ -189,7 +180,7 @@ pub async fn run(
         &db,
         admin_directory,
         admin_idempotency,
-        quota_admin,
+        limiter,
         ops::router(health.clone(), metrics),
     );
     let mut admin_rx = stop_rx.clone();
@@ -232,7 +223,7 @@ fn admin_router(
     db: &Database,
     directory: Arc<Directory>,
     idempotency: Arc<dyn portcullis_idempotency::Store>,
-    quota: Arc<dyn quota::QuotaAdmin>,
+    limiter: Arc<dyn portcullis_ratelimit::Limiter>,
     ops: axum::Router,
 ) -> axum::Router {
     let Some(token) = &config.admin_token else {
@@ -254,11 +245,27 @@ fn admin_router(
     ops.merge(admin::router(admin::AdminContext {
         db: db.clone(),
         directory,
-        quota,
+        limiter,
         idempotency,
-        token: token.clone(),
+        token: Arc::from(token.expose()),
         routes,
     }))
+}
+
+/// The file's tenants as the control plane seeds them (keys borrowed, never copied).
+fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed<'_>> {
+    tenants
+        .iter()
+        .map(|t| TenantSeed {
+            id: &t.id,
+            api_keys: t.api_keys.iter().map(config::Secret::expose).collect(),
+            rate: t.bucket.rate,
+            per: t.bucket.per,
+            burst: t.bucket.burst,
+            daily_quota: t.daily_quota,
+            monthly_quota: t.monthly_quota,
+        })
+        .collect()
 }
 
 /// Open connections at most on the admin listener: apart from the proxy listener's cap, so

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use portcullis_gateway::admin_cli;
+use portcullis_control::cli as admin_cli;
 use portcullis_gateway::config::{self, Config, LogFormat, ProcessEnv};
 
 /// A faster allocator than glibc's for a proxy's many short-lived buffers: measured at about

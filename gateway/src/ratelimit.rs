@@ -22,7 +22,7 @@ use portcullis_ratelimit::{
 use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
 use crate::forwarded::ClientIp;
 use crate::router::MatchedRoute;
-use crate::tenant::{build_policy, Caller};
+use crate::tenant::Caller;
 
 /// Builds the configured limiter. Redis is wrapped in the fallback that applies
 /// `rate_limit.on_store_error` when Redis fails or is slow.
@@ -61,7 +61,8 @@ struct StaticPolicies {
 }
 
 fn static_policy(name: &str, bucket: Option<&Bucket>) -> Option<Arc<Policy>> {
-    build_policy(name, bucket?, "-")
+    let b = bucket?;
+    portcullis_control::build_policy(name, b.rate, b.per, b.burst, b.shadow, "-")
 }
 
 /// The extractor for `RateLimitLayer`: `None` (no policy at all) passes the request through.

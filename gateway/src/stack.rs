@@ -12,14 +12,14 @@ use crate::limits::LimitsLayer;
 use crate::metrics::ObserveLayer;
 use crate::ops::{Health, HealthRoutesLayer};
 use crate::proxy::{Proxy, Upstream};
-use crate::quota_admin::RejectionCounters;
 use crate::request_id::RequestIdLayer;
 use crate::rescue::RescueLayer;
 use crate::retry::{Dependency, RetryLayer, SystemWallClock};
 use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
-use crate::tenant::{Directory, TenantLayer};
+use crate::tenant::TenantLayer;
+use portcullis_control::Directory;
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
 
@@ -34,8 +34,6 @@ pub struct StackParts {
     pub limiter: Arc<dyn Limiter>,
     /// Idempotency records.
     pub idempotency_store: Arc<dyn Store>,
-    /// 429s per tenant, for the usage view.
-    pub rejections: Arc<RejectionCounters>,
     /// Tenants and API keys, kept fresh from the database.
     pub directory: Arc<Directory>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
@@ -61,16 +59,12 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             &config.routes,
             &parts.dependencies,
         ))) // longest prefix → MatchedRoute + RetryTarget, else 404
-        .layer(TenantLayer::new(
-            parts.directory.clone(),
-            trusted.clone(),
-            parts.rejections.clone(),
-        )) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
+        .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
-        .layer(RateLimitLayer::new(
-            parts.limiter.clone(),
-            crate::ratelimit::extractor(config),
-        )) // all policies at once; 429 + Retry-After, headers on every response
+        .layer(
+            RateLimitLayer::new(parts.limiter.clone(), crate::ratelimit::extractor(config))
+                .with_observer(crate::tenant::count_rate_limited),
+        ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::idempotency::extractor(config),

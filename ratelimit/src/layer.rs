@@ -9,12 +9,19 @@ use tower::Layer;
 
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{LimitRequest, Limiter};
+use crate::rejection::Rejection;
 use crate::service::RateLimit;
 
 /// What the layer asks of the surrounding application: the checks that apply to a request,
 /// read from its head (typically a `Tenant` extension inserted by an earlier layer and the
 /// matched route). `None` (or an empty request) lets the request pass untouched.
 pub type Extract = Arc<dyn Fn(&Parts) -> Option<LimitRequest> + Send + Sync>;
+
+/// Told of every answer the layer gives itself (429 rate limited, 503 store unavailable),
+/// with the request's extensions, before the answer leaves. Lets the application count
+/// rejections by whatever its extensions identify (a tenant, a route) without inferring
+/// them from response statuses, which would also count a backend's own 429.
+pub type Observe = Arc<dyn Fn(&http::Extensions, &Rejection) + Send + Sync>;
 
 /// `Retry-After` of the 503 answered when the limiter fails and no better hint exists.
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -30,6 +37,7 @@ pub struct RateLimitLayer {
     pub(crate) extract: Extract,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) unavailable_retry_after: Duration,
+    pub(crate) observe: Option<Observe>,
 }
 
 // === impl RateLimitLayer ===
@@ -50,6 +58,7 @@ impl RateLimitLayer {
             extract,
             clock: Arc::new(SystemClock),
             unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+            observe: None,
         }
     }
 
@@ -57,6 +66,16 @@ impl RateLimitLayer {
     /// [`SystemClock`]).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Calls `observe` for each rejection the layer answers itself (see [`Observe`]); it runs
+    /// on the request path, so it should be cheap (an atomic add, a metric).
+    pub fn with_observer<F>(mut self, observe: F) -> Self
+    where
+        F: Fn(&http::Extensions, &Rejection) + Send + Sync + 'static,
+    {
+        self.observe = Some(Arc::new(observe));
         self
     }
 
@@ -81,6 +100,7 @@ impl fmt::Debug for RateLimitLayer {
             .field("limiter", &self.limiter)
             .field("clock", &self.clock)
             .field("unavailable_retry_after", &self.unavailable_retry_after)
+            .field("observe", &self.observe.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -126,7 +126,7 @@ pub mod service;
 pub use crate::clock::{Clock, ManualClock, SystemClock};
 pub use crate::decision::{ceil_secs, Decision, Verdict};
 pub use crate::key::{LimitKey, Principal};
-pub use crate::layer::{Extract, RateLimitLayer};
+pub use crate::layer::{Extract, Observe, RateLimitLayer};
 pub use crate::limiter::{
     Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest, Limiter, LimiterError,
     LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,

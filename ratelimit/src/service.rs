@@ -82,19 +82,35 @@ where
                     }
                     tracing::warn!(error = %err, "rate-limit decision failed; answering 503");
                     let retry_after = err.retry_after().unwrap_or(shared.unavailable_retry_after);
-                    return Ok(Rejection::StoreUnavailable { retry_after }.to_response());
+                    return Ok(answer(
+                        &shared,
+                        &req,
+                        Rejection::StoreUnavailable { retry_after },
+                    ));
                 }
             };
             let unix_now = shared.clock.unix_now();
             record(checks, &verdict);
             if !verdict.is_allowed() {
-                return Ok(rejection(&limits, &verdict, unix_now).to_response());
+                return Ok(answer(
+                    &shared,
+                    &req,
+                    rejection(&limits, &verdict, unix_now),
+                ));
             }
             let mut response = inner.call(req).await?;
             write_verdict_headers(response.headers_mut(), checks, &verdict, unix_now);
             Ok(response)
         })
     }
+}
+
+/// The layer's own answer, after telling the observer.
+fn answer(shared: &RateLimitLayer, req: &Request<Body>, rejection: Rejection) -> Response<Body> {
+    if let Some(observe) = &shared.observe {
+        observe(req.extensions(), &rejection);
+    }
+    rejection.to_response()
 }
 
 fn rejection(limits: &LimitRequest, verdict: &Verdict, unix_now: std::time::Duration) -> Rejection {

@@ -230,7 +230,8 @@ async fn keep_alive_outlives_the_header_deadline_and_is_advertised() {
     let mut stream = TcpStream::connect(gateway.addr).await.unwrap();
     let head = exchange(&mut stream, "/one").await;
     assert!(
-        head.to_ascii_lowercase().contains("keep-alive: timeout=3600"),
+        head.to_ascii_lowercase()
+            .contains("keep-alive: timeout=3600"),
         "{head}"
     );
     // Idle well past the header deadline: the connection is still usable.

@@ -27,7 +27,7 @@ use raw::RawConfig;
 pub use tls::{Http2Settings, UpstreamTls, DEFAULT_TLS_HANDSHAKE_TIMEOUT};
 
 /// Environment variable holding the admin API bearer token.
-pub const ENV_ADMIN_TOKEN: &str = "PORTCULLIS_ADMIN_TOKEN";
+pub use portcullis_control::ENV_ADMIN_TOKEN;
 
 /// Reads environment variables; tests pass a map instead of mutating the process environment.
 pub trait Env {

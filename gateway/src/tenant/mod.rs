@@ -10,9 +10,9 @@
 //!
 //! When both headers are present `X-API-Key` wins and `Authorization` is passed through
 //! untouched, so backends can keep their own bearer tokens.
-
-mod directory;
-pub mod notify;
+//!
+//! Tenants come from the control plane's [`Directory`] snapshot (`portcullis-control`); this
+//! layer only reads it.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -21,14 +21,13 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use futures_util::future::{BoxFuture, FutureExt};
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
+use portcullis_control::{Directory, Tenant};
+use portcullis_ratelimit::Rejection;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
-pub use directory::{build_policy, Directory, Snapshot, Tenant, REFRESH_INTERVAL};
-
 use crate::forwarded::{ClientIp, PeerAddr, TrustedProxies};
 use crate::problem::Problem;
-use crate::quota_admin::RejectionCounters;
 
 /// Header carrying an API key.
 pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -49,7 +48,6 @@ pub enum Caller {
 pub struct TenantLayer {
     directory: Arc<Directory>,
     trusted: Arc<TrustedProxies>,
-    rejections: Arc<RejectionCounters>,
 }
 
 /// The service of [`TenantLayer`].
@@ -61,16 +59,8 @@ pub struct ResolveTenant<S> {
 
 impl TenantLayer {
     /// Resolves against `directory`.
-    pub fn new(
-        directory: Arc<Directory>,
-        trusted: Arc<TrustedProxies>,
-        rejections: Arc<RejectionCounters>,
-    ) -> Self {
-        Self {
-            directory,
-            trusted,
-            rejections,
-        }
+    pub fn new(directory: Arc<Directory>, trusted: Arc<TrustedProxies>) -> Self {
+        Self { directory, trusted }
     }
 }
 
@@ -130,24 +120,20 @@ where
                 }
             }
         };
-        let tenant = match &caller {
-            Caller::Tenant(tenant) => Some(tenant.id.clone()),
-            Caller::Anonymous => None,
-        };
         request.extensions_mut().insert(caller);
-        let future = self.inner.call(request);
-        let Some(tenant) = tenant else {
-            return future.boxed();
-        };
-        let rejections = self.layer.rejections.clone();
-        async move {
-            let response = future.await?;
-            if response.status() == StatusCode::TOO_MANY_REQUESTS {
-                rejections.record(&tenant);
-            }
-            Ok(response)
-        }
-        .boxed()
+        self.inner.call(request).boxed()
+    }
+}
+
+/// The rate-limit layer's observer (`RateLimitLayer::with_observer`): counts a 429 the layer
+/// answered itself against the resolved tenant, for the admin usage view. Nothing else is a
+/// rate-limit rejection — an upstream's own 429 passes through uncounted — and anonymous
+/// callers have no per-tenant count.
+pub fn count_rate_limited(extensions: &http::Extensions, rejection: &Rejection) {
+    if let (Rejection::RateLimited { .. }, Some(Caller::Tenant(tenant))) =
+        (rejection, extensions.get::<Caller>())
+    {
+        tenant.record_rate_limited();
     }
 }
 
@@ -239,6 +225,83 @@ mod tests {
         );
         assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
         assert_ne!(ip("0.0.0.0"), caller_key(&http::Extensions::new()));
+    }
+
+    /// Only the rate-limit layer's own 429s count against a tenant: an upstream answering 429
+    /// (its own limit, passed through) is not a gateway rejection. Before the count moved to
+    /// the layer's observer, resolution counted every 429 status, this one included.
+    #[tokio::test]
+    async fn upstream_429s_are_not_counted_as_rate_limit_rejections() {
+        use std::convert::Infallible;
+        use std::time::Duration;
+
+        use portcullis_control::{Database, TenantSeed};
+        use portcullis_ratelimit::{LimitKey, LimitRequest, LocalLimiter, RateLimitLayer};
+        use tower::{ServiceBuilder, ServiceExt};
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::sqlite(&dir.path().join("t.db")).await.unwrap();
+        let seed = TenantSeed {
+            id: "acme",
+            api_keys: vec!["acme-secret-key"],
+            rate: 1,
+            per: Duration::from_secs(3600),
+            burst: 1,
+            daily_quota: None,
+            monthly_quota: None,
+        };
+        db.upsert_tenants(&[seed]).await.unwrap();
+        let directory = Arc::new(Directory::open(&db).await.unwrap());
+        let tenant_policy = |parts: &http::request::Parts| {
+            let Some(Caller::Tenant(tenant)) = parts.extensions.get::<Caller>() else {
+                return None;
+            };
+            let mut request = LimitRequest::new();
+            request.push(LimitKey::tenant(&tenant.id), tenant.policy.clone()?, 1);
+            Some(request)
+        };
+        let upstream_429 = tower::service_fn(|_: Request<Body>| async {
+            let mut response = Response::new(Body::from("slow down (upstream)"));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            Ok::<_, Infallible>(response)
+        });
+        let service = ServiceBuilder::new()
+            .layer(TenantLayer::new(
+                directory.clone(),
+                Arc::new(TrustedProxies::new(Vec::new())),
+            ))
+            .layer(
+                RateLimitLayer::new(Arc::new(LocalLimiter::new()), tenant_policy)
+                    .with_observer(count_rate_limited),
+            )
+            .service(upstream_429);
+        let keyed = || {
+            Request::builder()
+                .uri("/")
+                .header(&X_API_KEY, "acme-secret-key")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let counted = || {
+            let snapshot = directory.snapshot();
+            snapshot.by_id("acme").unwrap().rate_limited_total()
+        };
+
+        // Admitted by the limiter (burst 1); the upstream itself answers 429.
+        let first = service.clone().oneshot(keyed()).await.unwrap();
+        assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!first.headers().contains_key(header::RETRY_AFTER));
+        assert_eq!(
+            counted(),
+            0,
+            "an upstream 429 is not a rate-limit rejection"
+        );
+
+        // The bucket is empty now: the layer answers 429 itself, and that one counts.
+        let second = service.clone().oneshot(keyed()).await.unwrap();
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(second.headers().contains_key(header::RETRY_AFTER));
+        assert_eq!(counted(), 1);
     }
 
     proptest::proptest! {

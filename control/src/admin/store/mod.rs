@@ -28,179 +28,179 @@ use super::validate::{ConfiguredRoute, Patch};
 use crate::db::Database;
 
 /// Most items one list page returns.
-pub const MAX_PAGE: u64 = 500;
+pub(crate) const MAX_PAGE: u64 = 500;
 /// Items per page when `limit` is not given.
-pub const DEFAULT_PAGE: u64 = 50;
+pub(crate) const DEFAULT_PAGE: u64 = 50;
 
 /// The admin store: the database plus the configured routes quota values are checked against.
 #[derive(Debug, Clone)]
-pub struct AdminStore {
+pub(crate) struct AdminStore {
     db: Database,
     routes: Arc<[ConfiguredRoute]>,
 }
 
 /// A tenant as the admin API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TenantView {
+pub(crate) struct TenantView {
     /// Tenant id.
-    pub id: String,
+    pub(crate) id: String,
     /// Display name.
-    pub name: String,
+    pub(crate) name: String,
     /// Disabled tenants' keys are refused with 401.
-    pub disabled: bool,
+    pub(crate) disabled: bool,
     /// Tokens per `per`.
-    pub rate: u64,
+    pub(crate) rate: u64,
     /// Bucket period (`"1s"`).
-    pub per: String,
+    pub(crate) per: String,
     /// Bucket capacity.
-    pub burst: u64,
+    pub(crate) burst: u64,
     /// Requests per UTC day, if limited.
-    pub daily_quota: Option<u64>,
+    pub(crate) daily_quota: Option<u64>,
     /// Requests per UTC month, if limited.
-    pub monthly_quota: Option<u64>,
+    pub(crate) monthly_quota: Option<u64>,
     /// Per-route overrides of the bucket.
-    pub route_quotas: Vec<RouteQuotaView>,
+    pub(crate) route_quotas: Vec<RouteQuotaView>,
     /// Creation time (RFC 3339, UTC).
-    pub created_at: String,
+    pub(crate) created_at: String,
     /// Last change (RFC 3339, UTC).
-    pub updated_at: String,
+    pub(crate) updated_at: String,
 }
 
 /// A per-route override.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RouteQuotaView {
+pub(crate) struct RouteQuotaView {
     /// Route prefix.
-    pub route: String,
+    pub(crate) route: String,
     /// Tokens per `per`.
-    pub rate: u64,
+    pub(crate) rate: u64,
     /// Bucket period.
-    pub per: String,
+    pub(crate) per: String,
     /// Bucket capacity.
-    pub burst: u64,
+    pub(crate) burst: u64,
 }
 
 /// An API key as listings show it: never the key, never its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyView {
+pub(crate) struct KeyView {
     /// Key id (for revocation).
-    pub id: i64,
+    pub(crate) id: i64,
     /// Owning tenant.
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// The first characters of the key, to recognise it.
-    pub prefix: String,
+    pub(crate) prefix: String,
     /// Issue time.
-    pub created_at: String,
+    pub(crate) created_at: String,
     /// Revocation time, if revoked.
-    pub revoked_at: Option<String>,
+    pub(crate) revoked_at: Option<String>,
 }
 
 /// A freshly issued key: the only time the plaintext exists outside the client. Deliberately
 /// without `Debug`, so it cannot end up in a log line by accident.
 #[derive(Clone, Serialize)]
-pub struct IssuedKey {
+pub(crate) struct IssuedKey {
     /// The stored part.
     #[serde(flatten)]
-    pub key: KeyView,
+    pub(crate) key: KeyView,
     /// The plaintext key, shown once.
-    pub api_key: String,
+    pub(crate) api_key: String,
 }
 
 /// One audit log entry.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuditEntry {
+pub(crate) struct AuditEntry {
     /// Sequence number (newest is largest).
-    pub id: i64,
+    pub(crate) id: i64,
     /// When (RFC 3339, UTC).
-    pub at: String,
+    pub(crate) at: String,
     /// Who: `admin-token`, or `admin-token:<X-Admin-Actor>`.
-    pub actor: String,
+    pub(crate) actor: String,
     /// What (`tenant.create`, `quota.update`, …).
-    pub action: String,
+    pub(crate) action: String,
     /// Affected tenant.
-    pub tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
     /// State before (`null` for creations).
-    pub before: Value,
+    pub(crate) before: Value,
     /// State after (`null` for deletions).
-    pub after: Value,
+    pub(crate) after: Value,
 }
 
 /// One page of a listing.
 #[derive(Debug, Clone, Serialize)]
-pub struct Page<T> {
+pub(crate) struct Page<T> {
     /// The items.
-    pub items: Vec<T>,
+    pub(crate) items: Vec<T>,
     /// Pass as `cursor` to get the next page; `null` on the last page.
-    pub next_cursor: Option<String>,
+    pub(crate) next_cursor: Option<String>,
 }
 
 /// A token bucket plus long-period quotas, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Tokens per `per`.
-    pub rate: u64,
+    pub(crate) rate: u64,
     /// Bucket period.
-    pub per: Duration,
+    pub(crate) per: Duration,
     /// Bucket capacity.
-    pub burst: u64,
+    pub(crate) burst: u64,
     /// Requests per UTC day.
-    pub daily_quota: Option<u64>,
+    pub(crate) daily_quota: Option<u64>,
     /// Requests per UTC month.
-    pub monthly_quota: Option<u64>,
+    pub(crate) monthly_quota: Option<u64>,
 }
 
 /// A tenant to create.
 #[derive(Debug, Clone)]
-pub struct NewTenant {
+pub(crate) struct NewTenant {
     /// Tenant id.
-    pub id: String,
+    pub(crate) id: String,
     /// Display name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its limits.
-    pub limits: Limits,
+    pub(crate) limits: Limits,
 }
 
 /// A partial update of a tenant; `None` keeps the current value.
 #[derive(Debug, Clone, Default)]
-pub struct TenantPatch {
+pub(crate) struct TenantPatch {
     /// New display name.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Disable or enable.
-    pub disabled: Option<bool>,
+    pub(crate) disabled: Option<bool>,
     /// New rate.
-    pub rate: Option<u64>,
+    pub(crate) rate: Option<u64>,
     /// New period.
-    pub per: Option<Duration>,
+    pub(crate) per: Option<Duration>,
     /// New burst.
-    pub burst: Option<u64>,
+    pub(crate) burst: Option<u64>,
     /// Daily quota: keep, clear (`Some(None)`) or set.
-    pub daily_quota: Patch<u64>,
+    pub(crate) daily_quota: Patch<u64>,
     /// Monthly quota: keep, clear or set.
-    pub monthly_quota: Patch<u64>,
+    pub(crate) monthly_quota: Patch<u64>,
 }
 
 /// A per-route override to set.
 #[derive(Debug, Clone)]
-pub struct RouteQuota {
+pub(crate) struct RouteQuota {
     /// Route prefix (one of the configured routes).
-    pub route: String,
+    pub(crate) route: String,
     /// Tokens per `per`.
-    pub rate: u64,
+    pub(crate) rate: u64,
     /// Bucket period.
-    pub per: Duration,
+    pub(crate) per: Duration,
     /// Bucket capacity.
-    pub burst: u64,
+    pub(crate) burst: u64,
 }
 
 // === impl AdminStore ===
 
 impl AdminStore {
     /// A store over `db`; quota values are checked against `routes`.
-    pub fn new(db: Database, routes: Arc<[ConfiguredRoute]>) -> Self {
+    pub(crate) fn new(db: Database, routes: Arc<[ConfiguredRoute]>) -> Self {
         Self { db, routes }
     }
 
     /// Whether a tenant exists.
-    pub async fn tenant_exists(&self, id: &str) -> Result<bool, AdminError> {
+    pub(crate) async fn tenant_exists(&self, id: &str) -> Result<bool, AdminError> {
         let mut tx = Tx::begin(&self.db).await?;
         let found: Option<(String,)> = tx
             .fetch_optional(
@@ -213,7 +213,7 @@ impl AdminStore {
 
     /// Writes an audit row on its own, for actions on state outside the database (period
     /// reset and top-up live in the rate-limit store, idempotency records in theirs).
-    pub async fn record(
+    pub(crate) async fn record(
         &self,
         actor: &str,
         action: &str,
@@ -229,7 +229,7 @@ impl AdminStore {
 
     /// Audit entries, newest first, optionally for one tenant; `cursor` is the `next_cursor`
     /// of the previous page.
-    pub async fn audit_log(
+    pub(crate) async fn audit_log(
         &self,
         tenant: Option<&str>,
         limit: u64,
@@ -286,7 +286,7 @@ impl AdminStore {
     }
 
     /// The configured routes.
-    pub fn routes(&self) -> &[ConfiguredRoute] {
+    pub(crate) fn routes(&self) -> &[ConfiguredRoute] {
         &self.routes
     }
 }

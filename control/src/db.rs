@@ -1,15 +1,16 @@
 //! The configuration database (tenants, API keys, quotas, audit log): SQLite for the embedded
 //! default, PostgreSQL in production. Migrations are embedded at compile time and applied at
 //! start-up; queries are checked at run time so building never needs a live database.
+//!
+//! This layer returns plain rows ([`ConfigRows`]); turning them into the request path's
+//! tenants and policies is the directory's job, so data access never depends on it.
 
+use std::path::Path;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-
-use crate::config::{Bucket, DatabaseBackend, TenantSettings};
-use crate::tenant::{Snapshot, Tenant};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
@@ -58,39 +59,73 @@ pub async fn connect_postgres(url: &str) -> Result<PgPool, DbError> {
     Ok(pool)
 }
 
+/// A tenant of the configuration file, upserted at start-up ([`Database::upsert_tenants`]).
+#[derive(Clone)]
+pub struct TenantSeed<'a> {
+    /// Tenant id.
+    pub id: &'a str,
+    /// Its API keys in plain text (stored only as SHA-256 hashes).
+    pub api_keys: Vec<&'a str>,
+    /// Tokens per `per`.
+    pub rate: u64,
+    /// The bucket's period.
+    pub per: Duration,
+    /// Bucket capacity.
+    pub burst: u64,
+    /// Requests per UTC day.
+    pub daily_quota: Option<u64>,
+    /// Requests per UTC month.
+    pub monthly_quota: Option<u64>,
+}
+
+/// `tenants` rows: id, disabled, rate, per (ms), burst, daily and monthly quota.
+pub(crate) type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
+/// `route_quotas` rows: tenant id, route prefix, rate, per (ms), burst.
+pub(crate) type RouteQuotaRow = (String, String, i64, i64, i64);
+/// Active `api_keys` rows: key hash, tenant id.
+pub(crate) type KeyRow = (Vec<u8>, String);
+
+/// Everything the tenant directory is built from, read at one configuration version.
+#[derive(Debug, Default)]
+pub(crate) struct ConfigRows {
+    pub(crate) version: i64,
+    pub(crate) tenants: Vec<TenantRow>,
+    pub(crate) keys: Vec<KeyRow>,
+    pub(crate) routes: Vec<RouteQuotaRow>,
+}
+
 /// SHA-256 of an API key: the only form in which keys are stored or compared.
-pub fn hash_api_key(key: &str) -> Vec<u8> {
+pub(crate) fn hash_api_key(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()
 }
 
 /// The visible prefix of a key, to recognise it in listings without revealing it.
-pub fn key_prefix(key: &str) -> String {
+pub(crate) fn key_prefix(key: &str) -> String {
     key.chars().take(6).collect()
 }
 
 // === impl Database ===
 
 impl Database {
-    /// Connects and applies migrations.
-    pub async fn connect(backend: &DatabaseBackend) -> Result<Self, DbError> {
-        let db = match backend {
-            DatabaseBackend::Sqlite(path) => {
-                let options = SqliteConnectOptions::new()
-                    .filename(path)
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .foreign_keys(true);
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .acquire_timeout(CONNECT_TIMEOUT)
-                    .connect_with(options)
-                    .await?;
-                SQLITE_MIGRATIONS.run(&pool).await?;
-                Self::Sqlite(pool)
-            }
-            DatabaseBackend::Postgres(url) => Self::Postgres(connect_postgres(url).await?),
-        };
-        Ok(db)
+    /// Opens (creating if missing) a SQLite file and applies migrations.
+    pub async fn sqlite(path: &Path) -> Result<Self, DbError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        SQLITE_MIGRATIONS.run(&pool).await?;
+        Ok(Self::Sqlite(pool))
+    }
+
+    /// Connects to PostgreSQL and applies migrations.
+    pub async fn postgres(url: &str) -> Result<Self, DbError> {
+        Ok(Self::Postgres(connect_postgres(url).await?))
     }
 
     /// A trivial query, for readiness.
@@ -104,7 +139,7 @@ impl Database {
 
     /// Upserts the tenants of the configuration file and their keys (hashed), in one
     /// transaction, and bumps the configuration version so replicas reload.
-    pub async fn upsert_tenants(&self, tenants: &[TenantSettings]) -> Result<(), DbError> {
+    pub async fn upsert_tenants(&self, tenants: &[TenantSeed<'_>]) -> Result<(), DbError> {
         // One body for both dialects; only the SQL text differs (placeholders, clock).
         macro_rules! upsert {
             ($pool:expr, $sql:expr) => {{
@@ -112,16 +147,16 @@ impl Database {
                 let mut tx = $pool.begin().await?;
                 for t in tenants {
                     sqlx::query(sql.tenant)
-                        .bind(&t.id)
-                        .bind(to_i64(t.bucket.rate))
-                        .bind(duration_ms(t.bucket.per))
-                        .bind(to_i64(t.bucket.burst))
+                        .bind(t.id)
+                        .bind(to_i64(t.rate))
+                        .bind(duration_ms(t.per))
+                        .bind(to_i64(t.burst))
                         .bind(t.daily_quota.map(to_i64))
                         .bind(t.monthly_quota.map(to_i64))
                         .execute(&mut *tx)
                         .await?;
                     for key in &t.api_keys {
-                        let hash = hash_api_key(key.expose());
+                        let hash = hash_api_key(key);
                         let owner: Option<String> = sqlx::query_scalar(sql.key_owner)
                             .bind(&hash)
                             .fetch_optional(&mut *tx)
@@ -129,15 +164,15 @@ impl Database {
                         match owner {
                             Some(owner) if owner != t.id => {
                                 return Err(DbError::KeyConflict {
-                                    tenant: t.id.clone(),
+                                    tenant: t.id.to_owned(),
                                 })
                             }
                             Some(_) => {}
                             None => {
                                 sqlx::query(sql.insert_key)
-                                    .bind(&t.id)
+                                    .bind(t.id)
                                     .bind(&hash)
-                                    .bind(key_prefix(key.expose()))
+                                    .bind(key_prefix(key))
                                     .execute(&mut *tx)
                                     .await?;
                             }
@@ -158,7 +193,7 @@ impl Database {
     }
 
     /// The configuration version, bumped by every change.
-    pub async fn config_version(&self) -> Result<i64, DbError> {
+    pub(crate) async fn config_version(&self) -> Result<i64, DbError> {
         let sql = "SELECT CAST(version AS BIGINT) FROM config_version WHERE id = 1";
         let version = match self {
             Self::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
@@ -167,15 +202,14 @@ impl Database {
         Ok(version)
     }
 
-    /// Reads tenants, active key hashes and route overrides as one snapshot. The version is
+    /// Reads tenants, active key hashes and route overrides at one version. The version is
     /// read first: a change racing the read bumps it again and triggers another reload.
-    pub async fn load_snapshot(&self) -> Result<Snapshot, DbError> {
+    pub(crate) async fn load_rows(&self) -> Result<ConfigRows, DbError> {
         let version = self.config_version().await?;
         macro_rules! load {
             ($pool:expr) => {{
                 let tenants: Vec<TenantRow> = sqlx::query_as(TENANTS_SQL).fetch_all($pool).await?;
-                let keys: Vec<(Vec<u8>, String)> =
-                    sqlx::query_as(KEYS_SQL).fetch_all($pool).await?;
+                let keys: Vec<KeyRow> = sqlx::query_as(KEYS_SQL).fetch_all($pool).await?;
                 let routes: Vec<RouteQuotaRow> =
                     sqlx::query_as(ROUTE_QUOTAS_SQL).fetch_all($pool).await?;
                 (tenants, keys, routes)
@@ -185,25 +219,12 @@ impl Database {
             Self::Sqlite(pool) => load!(pool),
             Self::Postgres(pool) => load!(pool),
         };
-        let tenants = tenants
-            .into_iter()
-            .map(|row| {
-                let route_limits = routes
-                    .iter()
-                    .filter(|r| r.0 == row.0)
-                    .map(|r| (r.1.clone(), bucket(r.2, r.3, r.4)))
-                    .collect();
-                Tenant::new(
-                    &row.0,
-                    bucket(row.2, row.3, row.4),
-                    route_limits,
-                    row.5.and_then(|q| u64::try_from(q).ok()),
-                    row.6.and_then(|q| u64::try_from(q).ok()),
-                    row.1 != 0,
-                )
-            })
-            .collect();
-        Ok(Snapshot::new(version, tenants, keys))
+        Ok(ConfigRows {
+            version,
+            tenants,
+            keys,
+            routes,
+        })
     }
 
     /// Closes the pool.
@@ -239,24 +260,12 @@ const POSTGRES_UPSERT: UpsertSql = UpsertSql {
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)",
 };
 
-type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
-type RouteQuotaRow = (String, String, i64, i64, i64);
-
 const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
      CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), CAST(monthly_quota AS BIGINT) FROM tenants";
 const KEYS_SQL: &str = "SELECT key_hash, tenant_id FROM api_keys WHERE revoked_at IS NULL";
 const ROUTE_QUOTAS_SQL: &str =
     "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), CAST(per_ms AS BIGINT), \
      CAST(burst AS BIGINT) FROM route_quotas";
-
-fn bucket(rate: i64, per_ms: i64, burst: i64) -> Bucket {
-    Bucket {
-        rate: u64::try_from(rate).unwrap_or(1).max(1),
-        per: Duration::from_millis(u64::try_from(per_ms).unwrap_or(1).max(1)),
-        burst: u64::try_from(burst).unwrap_or(1).max(1),
-        shadow: false,
-    }
-}
 
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)

@@ -11,7 +11,7 @@ use sqlx::{FromRow, Postgres, Sqlite, Transaction};
 
 use crate::db::Database;
 
-use crate::tenant::notify::CHANNEL;
+use crate::directory::notify::CHANNEL;
 
 /// One bound parameter.
 #[derive(Debug, Clone)]

@@ -1,8 +1,14 @@
 //! The tenant directory: an immutable snapshot of tenants, their API key hashes and quotas,
 //! swapped atomically when the database changes. Request handling only ever reads a snapshot
 //! (one atomic load), never the database.
+//!
+//! The snapshot is built here from the database's rows ([`ConfigRows`]); the data-access
+//! layer knows nothing of tenants or policies.
+
+pub(crate) mod notify;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,54 +16,56 @@ use arc_swap::ArcSwap;
 
 use portcullis_ratelimit::{Period, Policy};
 
-use crate::config::Bucket;
-use crate::db::{Database, DbError};
+use crate::db::{ConfigRows, Database, DbError, TenantRow};
 
 /// How often the configuration version is polled. Changes reach every replica within this
 /// (plus one query), which keeps the "within 1 s" promise with room to spare.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 
-/// A tenant as the request path sees it.
-#[derive(Debug, Clone)]
+/// A tenant as the request path sees it: its rate-limit policies, built once per snapshot
+/// (not per request).
+#[derive(Debug)]
 pub struct Tenant {
     /// Tenant id.
     pub id: Arc<str>,
-    /// The tenant's token bucket.
-    pub bucket: Bucket,
-    /// Per-route overrides of the bucket, by route prefix.
-    pub route_limits: HashMap<String, Bucket>,
-    /// Requests per UTC day.
-    pub daily_quota: Option<u64>,
-    /// Requests per UTC month.
-    pub monthly_quota: Option<u64>,
     /// Disabled tenants are refused like unknown keys.
     pub disabled: bool,
-    /// The bucket as a rate-limit policy, built once per snapshot (not per request).
+    /// The tenant's bucket as a rate-limit policy.
     pub policy: Option<Arc<Policy>>,
     /// The per-route overrides as policies, by route prefix.
     pub route_policies: HashMap<String, Arc<Policy>>,
     /// The daily and monthly request quotas as calendar policies.
     pub period_policies: Vec<(Period, Arc<Policy>)>,
+    /// Rate-limit rejections (429) of this tenant by this replica. Shared with the same
+    /// tenant in later snapshots, so a reload does not reset it; counting is one relaxed
+    /// atomic add on a tenant the request already holds (no map, no lock).
+    rate_limited: Arc<AtomicU64>,
 }
 
 // === impl Tenant ===
 
 impl Tenant {
-    /// A tenant with its rate-limit policies built from its buckets.
-    pub fn new(
-        id: &str,
-        bucket: Bucket,
-        route_limits: HashMap<String, Bucket>,
-        daily_quota: Option<u64>,
-        monthly_quota: Option<u64>,
-        disabled: bool,
+    /// A tenant from its row and its route overrides, keeping the rejection count of
+    /// `previous` (the same tenant in the snapshot being replaced).
+    fn from_rows(
+        row: &TenantRow,
+        routes: &[&(String, String, i64, i64, i64)],
+        previous: Option<&Tenant>,
     ) -> Self {
-        let policy = build_policy("tenant", &bucket, id);
-        let route_policies = route_limits
+        let (id, disabled, rate, per_ms, burst, daily_quota, monthly_quota) = row;
+        let id = id.as_str();
+        let policy = stored_policy("tenant", *rate, *per_ms, *burst, id);
+        let route_policies = routes
             .iter()
-            .filter_map(|(prefix, b)| Some((prefix.clone(), build_policy("route", b, id)?)))
+            .filter_map(|(_, prefix, rate, per_ms, burst)| {
+                Some((
+                    prefix.clone(),
+                    stored_policy("route", *rate, *per_ms, *burst, id)?,
+                ))
+            })
             .collect();
-        let period_policies = [(Period::Day, "daily_quota", daily_quota), (Period::Month, "monthly_quota", monthly_quota)]
+        let quota = |q: &Option<i64>| q.and_then(|q| u64::try_from(q).ok());
+        let period_policies = [(Period::Day, "daily_quota", quota(daily_quota)), (Period::Month, "monthly_quota", quota(monthly_quota))]
             .into_iter()
             .filter_map(|(period, name, quota)| {
                 let policy = match Policy::calendar(name, quota?, period) {
@@ -72,24 +80,59 @@ impl Tenant {
             .collect();
         Self {
             id: Arc::from(id),
-            bucket,
-            route_limits,
-            daily_quota,
-            monthly_quota,
-            disabled,
+            disabled: *disabled != 0,
             policy,
             route_policies,
             period_policies,
+            rate_limited: previous.map_or_else(Arc::default, |t| t.rate_limited.clone()),
         }
+    }
+
+    /// Counts one rate-limit rejection (429) of this tenant. Called by the rate-limit layer's
+    /// observer, never inferred from a response status (an upstream's own 429 is not one).
+    pub fn record_rate_limited(&self) {
+        self.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rate-limit rejections of this tenant by this replica since it started.
+    pub fn rate_limited_total(&self) -> u64 {
+        self.rate_limited.load(Ordering::Relaxed)
     }
 }
 
-/// A policy from a stored bucket; values the database constraints let through but the
-/// limiter refuses are logged and leave the tenant unlimited on that policy rather than
-/// unable to call at all.
-pub fn build_policy(name: &str, bucket: &Bucket, tenant: &str) -> Option<Arc<Policy>> {
-    match Policy::try_new(name, bucket.rate, bucket.per, bucket.burst) {
-        Ok(policy) => Some(Arc::new(policy.with_shadow(bucket.shadow))),
+/// A policy from stored columns (the database's constraints keep them positive; anything
+/// else is clamped to 1 and left to the limiter's validation).
+fn stored_policy(
+    name: &str,
+    rate: i64,
+    per_ms: i64,
+    burst: i64,
+    tenant: &str,
+) -> Option<Arc<Policy>> {
+    let positive = |v: i64| u64::try_from(v).unwrap_or(1).max(1);
+    build_policy(
+        name,
+        positive(rate),
+        Duration::from_millis(positive(per_ms)),
+        positive(burst),
+        false,
+        tenant,
+    )
+}
+
+/// A token-bucket policy from a stored or configured limit; values the database constraints
+/// let through but the limiter refuses are logged and leave the tenant unlimited on that
+/// policy rather than unable to call at all.
+pub fn build_policy(
+    name: &str,
+    rate: u64,
+    per: Duration,
+    burst: u64,
+    shadow: bool,
+    tenant: &str,
+) -> Option<Arc<Policy>> {
+    match Policy::try_new(name, rate, per, burst) {
+        Ok(policy) => Some(Arc::new(policy.with_shadow(shadow))),
         Err(err) => {
             tracing::warn!(tenant, policy = name, %err, "invalid stored limit ignored");
             None
@@ -101,7 +144,7 @@ pub fn build_policy(name: &str, bucket: &Bucket, tenant: &str) -> Option<Arc<Pol
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Configuration version the snapshot was read at.
-    pub version: i64,
+    pub(crate) version: i64,
     by_key_hash: HashMap<[u8; 32], Arc<Tenant>>,
     by_id: HashMap<Arc<str>, Arc<Tenant>>,
 }
@@ -109,13 +152,20 @@ pub struct Snapshot {
 // === impl Snapshot ===
 
 impl Snapshot {
-    /// Builds a snapshot from tenants and `(key hash, tenant id)` pairs of active keys.
-    pub fn new(version: i64, tenants: Vec<Tenant>, keys: Vec<(Vec<u8>, String)>) -> Self {
-        let by_id: HashMap<Arc<str>, Arc<Tenant>> = tenants
-            .into_iter()
-            .map(|t| (t.id.clone(), Arc::new(t)))
+    /// Builds a snapshot from the database's rows; tenants already in `previous` keep their
+    /// rejection counters.
+    fn from_rows(rows: ConfigRows, previous: &Snapshot) -> Self {
+        let by_id: HashMap<Arc<str>, Arc<Tenant>> = rows
+            .tenants
+            .iter()
+            .map(|row| {
+                let routes: Vec<_> = rows.routes.iter().filter(|r| r.0 == row.0).collect();
+                let tenant = Tenant::from_rows(row, &routes, previous.by_id(&row.0).map(|t| &**t));
+                (tenant.id.clone(), Arc::new(tenant))
+            })
             .collect();
-        let by_key_hash = keys
+        let by_key_hash = rows
+            .keys
             .into_iter()
             .filter_map(|(hash, tenant)| {
                 let hash: [u8; 32] = hash.try_into().ok()?;
@@ -123,7 +173,7 @@ impl Snapshot {
             })
             .collect();
         Self {
-            version,
+            version: rows.version,
             by_key_hash,
             by_id,
         }
@@ -140,13 +190,8 @@ impl Snapshot {
     }
 
     /// Number of tenants.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_id.len()
-    }
-
-    /// Whether there are no tenants.
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
     }
 }
 
@@ -159,11 +204,13 @@ pub struct Directory {
 // === impl Directory ===
 
 impl Directory {
-    /// A directory starting at `snapshot`.
-    pub fn new(snapshot: Snapshot) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(snapshot),
-        }
+    /// A directory holding the database's current tenants.
+    pub async fn open(db: &Database) -> Result<Self, DbError> {
+        let directory = Self {
+            current: ArcSwap::from_pointee(Snapshot::default()),
+        };
+        directory.reload(db).await?;
+        Ok(directory)
     }
 
     /// The current snapshot.
@@ -171,19 +218,24 @@ impl Directory {
         self.current.load_full()
     }
 
-    /// Replaces the snapshot.
-    pub fn replace(&self, snapshot: Snapshot) {
-        self.current.store(Arc::new(snapshot));
-    }
-
-    /// Loads a fresh snapshot from the database.
-    pub async fn load(db: &Database) -> Result<Snapshot, DbError> {
-        db.load_snapshot().await
+    /// Loads the database's tenants and installs them, unless the admin API or the poll
+    /// installed a newer snapshot meanwhile: the directory never goes back to an older one.
+    pub(crate) async fn reload(&self, db: &Database) -> Result<Arc<Snapshot>, DbError> {
+        let rows = db.load_rows().await?;
+        let fresh = Arc::new(Snapshot::from_rows(rows, &self.current.load()));
+        self.current.rcu(|current| {
+            if current.version > fresh.version {
+                Arc::clone(current)
+            } else {
+                Arc::clone(&fresh)
+            }
+        });
+        Ok(fresh)
     }
 
     /// Keeps the snapshot fresh until `stop` resolves: reloads when the database's
     /// configuration version changes, checked every [`REFRESH_INTERVAL`] and, on PostgreSQL,
-    /// at once when a change notification arrives ([`super::notify`]). A database outage
+    /// at once when a change notification arrives (`notify.rs`). A database outage
     /// keeps the last snapshot serving (logged, retried).
     pub async fn keep_fresh(
         self: Arc<Self>,
@@ -192,7 +244,7 @@ impl Directory {
     ) {
         let wake = tokio::sync::Notify::new();
         let notifications = async {
-            super::notify::forward_changes(&db, &wake).await;
+            notify::forward_changes(&db, &wake).await;
             // Only a closed pool ends the listener; polling goes on regardless.
             std::future::pending::<()>().await
         };
@@ -209,23 +261,13 @@ impl Directory {
                 let known = self.current.load().version;
                 match db.config_version().await {
                     Ok(version) if version == known => {}
-                    Ok(_) => match db.load_snapshot().await {
+                    Ok(_) => match self.reload(&db).await {
                         Ok(snapshot) => {
                             tracing::info!(
                                 version = snapshot.version,
                                 tenants = snapshot.len(),
                                 "tenant directory reloaded"
                             );
-                            // The admin API may have installed a newer snapshot meanwhile
-                            // (it reloads after each change); never go back to an older one.
-                            let fresh = Arc::new(snapshot);
-                            self.current.rcu(|current| {
-                                if current.version > fresh.version {
-                                    Arc::clone(current)
-                                } else {
-                                    Arc::clone(&fresh)
-                                }
-                            });
                         }
                         Err(err) => {
                             tracing::warn!(%err, "tenant directory reload failed; serving the previous snapshot")

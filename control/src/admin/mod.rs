@@ -39,10 +39,10 @@ mod keys;
 mod openapi;
 mod quotas;
 mod sql;
-pub mod store;
+pub(crate) mod store;
 mod tenants;
 mod usage;
-pub mod validate;
+pub(crate) mod validate;
 
 use std::sync::Arc;
 
@@ -53,14 +53,16 @@ use axum::routing::{any, get, post};
 use axum::{middleware, Router};
 use http::{header, Method, Request, Response, StatusCode};
 
-pub use error::AdminError;
-pub use validate::{ConfiguredRoute, FieldError};
+pub(crate) use error::AdminError;
+pub use validate::ConfiguredRoute;
 
-use crate::config::Secret;
+use portcullis_ratelimit::Limiter;
+
 use crate::db::Database;
-use crate::problem::{Problem, CONTENT_TYPE};
+use crate::directory::Directory;
 use crate::quota::QuotaAdmin;
-use crate::tenant::Directory;
+use crate::quota_admin::LimiterQuotaAdmin;
+use portcullis_problem::{Problem, CONTENT_TYPE};
 use store::AdminStore;
 
 /// Path prefix of every admin endpoint.
@@ -73,12 +75,12 @@ pub struct AdminContext {
     pub db: Database,
     /// This replica's tenant snapshot (for reading what the limiter currently enforces).
     pub directory: Arc<Directory>,
-    /// Usage, period reset and top-up, over the configured limiter.
-    pub quota: Arc<dyn QuotaAdmin>,
+    /// The configured limiter: usage, period reset and top-up read or change its state.
+    pub limiter: Arc<dyn Limiter>,
     /// Idempotency records, for look-up and deletion.
     pub idempotency: Arc<dyn portcullis_idempotency::Store>,
-    /// The bearer token.
-    pub token: Secret,
+    /// The bearer token (hashed at once by [`router`]; the plaintext is not kept).
+    pub token: Arc<str>,
     /// Configured routes: overrides must name one, and buckets must admit their cost.
     pub routes: Arc<[ConfiguredRoute]>,
 }
@@ -100,11 +102,20 @@ pub(crate) struct Actor(pub(crate) String);
 
 /// The admin API routes, behind bearer-token authentication.
 pub fn router(ctx: AdminContext) -> Router {
+    let quota = Arc::new(LimiterQuotaAdmin::new(
+        ctx.limiter.clone(),
+        ctx.directory.clone(),
+    ));
+    router_with_quota(ctx, quota)
+}
+
+/// [`router`] with the rate-limit operations given (tests pass a fake).
+pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -> Router {
     let state = AdminState {
         store: AdminStore::new(ctx.db.clone(), ctx.routes),
         db: ctx.db,
         directory: ctx.directory,
-        quota: ctx.quota,
+        quota,
         idempotency: ctx.idempotency,
         token: auth::TokenDigest::new(&ctx.token),
     };
@@ -180,11 +191,8 @@ async fn reload(state: &AdminState) -> Result<(), crate::db::DbError> {
     if state.db.config_version().await? <= state.directory.snapshot().version {
         return Ok(());
     }
-    let snapshot = state.db.load_snapshot().await?;
-    // A concurrent poll may have loaded something newer meanwhile; never go back.
-    if snapshot.version > state.directory.snapshot().version {
-        state.directory.replace(snapshot);
-    }
+    // A concurrent poll may have loaded something newer meanwhile; `reload` never goes back.
+    state.directory.reload(&state.db).await?;
     Ok(())
 }
 

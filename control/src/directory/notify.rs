@@ -78,16 +78,13 @@ mod tests {
 
     use super::*;
     use crate::admin::store::{AdminStore, Limits, NewTenant};
-    use crate::config::DatabaseBackend;
 
     const PATIENCE: Duration = Duration::from_secs(5);
 
     #[tokio::test]
     async fn a_committed_change_wakes_listeners_and_a_rolled_back_one_does_not() {
         let url = portcullis_testkit::postgres::fresh_database().await;
-        let db = Database::connect(&DatabaseBackend::Postgres(url))
-            .await
-            .unwrap();
+        let db = Database::postgres(&url).await.unwrap();
         let wake = Arc::new(Notify::new());
         let listener = {
             let (db, wake) = (db.clone(), wake.clone());
@@ -125,9 +122,7 @@ mod tests {
     #[tokio::test]
     async fn sqlite_never_wakes() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::connect(&DatabaseBackend::Sqlite(dir.path().join("n.db")))
-            .await
-            .unwrap();
+        let db = Database::sqlite(&dir.path().join("n.db")).await.unwrap();
         let wake = Notify::new();
         let waited = tokio::time::timeout(Duration::from_millis(100), async {
             tokio::join!(forward_changes(&db, &wake), wake.notified())

@@ -1,64 +1,28 @@
-//! [`QuotaAdmin`] over the configured limiter and the tenant directory, plus the per-tenant
-//! rejection counters the usage view reports.
+//! [`QuotaAdmin`] over the configured limiter and the tenant directory. The usage view's
+//! rejection count is the tenant's own counter ([`Tenant::rate_limited_total`]), fed by the
+//! rate-limit layer.
+//!
+//! [`Tenant::rate_limited_total`]: crate::Tenant::rate_limited_total
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use portcullis_ratelimit::{Check, Decision, LimitKey, Limiter, LimiterError, Policy, Principal};
 
+use crate::directory::Directory;
 use crate::quota::{BucketUsage, Period, PeriodUsage, QuotaAdmin, QuotaError, TenantUsage};
-use crate::tenant::Directory;
 
-/// 429s given per tenant by this replica. Bounded by the number of tenants in the directory.
-#[derive(Debug, Default)]
-pub struct RejectionCounters {
-    by_tenant: Mutex<HashMap<Arc<str>, Arc<AtomicU64>>>,
-}
-
-// === impl RejectionCounters ===
-
-impl RejectionCounters {
-    /// Counts one 429 for `tenant`.
-    pub fn record(&self, tenant: &Arc<str>) {
-        let counter = match self.by_tenant.lock() {
-            Ok(mut map) => map.entry(tenant.clone()).or_default().clone(),
-            Err(_) => return,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// 429s counted for `tenant`.
-    pub fn get(&self, tenant: &str) -> u64 {
-        self.by_tenant
-            .lock()
-            .ok()
-            .and_then(|map| map.get(tenant).map(|c| c.load(Ordering::Relaxed)))
-            .unwrap_or(0)
-    }
-}
-
-/// The gateway's [`QuotaAdmin`].
+/// The admin API's [`QuotaAdmin`] over the configured limiter.
 #[derive(Debug)]
-pub struct LimiterQuotaAdmin {
+pub(crate) struct LimiterQuotaAdmin {
     limiter: Arc<dyn Limiter>,
     directory: Arc<Directory>,
-    rejections: Arc<RejectionCounters>,
 }
 
 impl LimiterQuotaAdmin {
     /// Over `limiter`, resolving tenants in `directory`.
-    pub fn new(
-        limiter: Arc<dyn Limiter>,
-        directory: Arc<Directory>,
-        rejections: Arc<RejectionCounters>,
-    ) -> Self {
-        Self {
-            limiter,
-            directory,
-            rejections,
-        }
+    pub(crate) fn new(limiter: Arc<dyn Limiter>, directory: Arc<Directory>) -> Self {
+        Self { limiter, directory }
     }
 }
 
@@ -117,7 +81,7 @@ impl QuotaAdmin for LimiterQuotaAdmin {
             tenant: tenant.to_owned(),
             buckets,
             periods,
-            rejected_total: self.rejections.get(tenant),
+            rejected_total: t.rate_limited_total(),
         })
     }
 

@@ -16,15 +16,14 @@ use subtle::ConstantTimeEq;
 use super::error::AdminError;
 use super::validate::actor_suffix;
 use super::{Actor, AdminState};
-use crate::config::Secret;
 
 /// Optional header naming the person or system behind a change, recorded in the audit log
 /// after the fixed `admin-token` actor (there is one shared token, so this is a label the
 /// caller asserts, not an identity the gateway verified).
-pub static X_ADMIN_ACTOR: HeaderName = HeaderName::from_static("x-admin-actor");
+pub(crate) static X_ADMIN_ACTOR: HeaderName = HeaderName::from_static("x-admin-actor");
 
 /// The actor of every change made with the admin token.
-pub const TOKEN_ACTOR: &str = "admin-token";
+pub(crate) const TOKEN_ACTOR: &str = "admin-token";
 
 /// SHA-256 of the configured token; the plaintext is not kept by the admin API.
 #[derive(Clone)]
@@ -33,8 +32,8 @@ pub(crate) struct TokenDigest([u8; 32]);
 // === impl TokenDigest ===
 
 impl TokenDigest {
-    pub(crate) fn new(token: &Secret) -> Self {
-        Self(Sha256::digest(token.expose().as_bytes()).into())
+    pub(crate) fn new(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
     }
 
     /// Constant-time check of a presented token.
@@ -82,7 +81,7 @@ mod tests {
 
     #[test]
     fn token_comparison() {
-        let digest = TokenDigest::new(&Secret::new("a-long-admin-token"));
+        let digest = TokenDigest::new("a-long-admin-token");
         assert!(digest.matches("a-long-admin-token"));
         assert!(!digest.matches("a-long-admin-tokeN"));
         assert!(!digest.matches(""));

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::*;
 use crate::admin::sql::{Arg, Tx};
-use crate::config::DatabaseBackend;
+use crate::directory::Directory;
 
 struct Fixture {
     store: AdminStore,
@@ -32,7 +32,7 @@ fn routes() -> Arc<[ConfiguredRoute]> {
 
 async fn sqlite() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::connect(&DatabaseBackend::Sqlite(dir.path().join("admin.db")))
+    let db = Database::sqlite(&dir.path().join("admin.db"))
         .await
         .unwrap();
     Fixture {
@@ -44,9 +44,7 @@ async fn sqlite() -> Fixture {
 
 async fn postgres() -> Fixture {
     let url = portcullis_testkit::postgres::fresh_database().await;
-    let db = Database::connect(&DatabaseBackend::Postgres(url))
-        .await
-        .unwrap();
+    let db = Database::postgres(&url).await.unwrap();
     Fixture {
         store: AdminStore::new(db.clone(), routes()),
         db,
@@ -129,8 +127,17 @@ async fn create_get_list_round_trip(f: Fixture) {
         f.db.config_version().await.unwrap() > version,
         "changes bump the version"
     );
-    let snapshot = f.db.load_snapshot().await.unwrap();
-    assert_eq!(snapshot.by_id("acme").unwrap().bucket.burst, 20);
+    let snapshot = load_snapshot(&f.db).await;
+    assert_eq!(
+        snapshot
+            .by_id("acme")
+            .unwrap()
+            .policy
+            .as_ref()
+            .unwrap()
+            .burst(),
+        20
+    );
 }
 
 async fn duplicate_id_conflicts_and_writes_nothing(f: Fixture) {
@@ -198,14 +205,7 @@ async fn update_merges_and_audits_before_and_after(f: Fixture) {
         .await
         .unwrap();
     assert!(disabled.disabled);
-    assert!(
-        f.db.load_snapshot()
-            .await
-            .unwrap()
-            .by_id("acme")
-            .unwrap()
-            .disabled
-    );
+    assert!(load_snapshot(&f.db).await.by_id("acme").unwrap().disabled);
 }
 
 async fn unchanged_update_writes_nothing(f: Fixture) {
@@ -269,7 +269,7 @@ async fn keys_are_stored_hashed_listed_by_prefix_and_revocable(f: Fixture) {
     assert!(issued.api_key.starts_with("pc_") && issued.api_key.len() == 35);
     assert_eq!(issued.key.prefix, issued.api_key[..10]);
     let hash: [u8; 32] = Sha256::digest(issued.api_key.as_bytes()).into();
-    let snapshot = f.db.load_snapshot().await.unwrap();
+    let snapshot = load_snapshot(&f.db).await;
     assert_eq!(&*snapshot.by_key_hash(&hash).unwrap().id, "acme");
 
     let mut tx = Tx::begin(&f.db).await.unwrap();
@@ -302,13 +302,7 @@ async fn keys_are_stored_hashed_listed_by_prefix_and_revocable(f: Fixture) {
         .await
         .unwrap();
     assert!(revoked.revoked_at.is_some());
-    assert!(f
-        .db
-        .load_snapshot()
-        .await
-        .unwrap()
-        .by_key_hash(&hash)
-        .is_none());
+    assert!(load_snapshot(&f.db).await.by_key_hash(&hash).is_none());
     let audits = audit_count(&f).await;
     let again = f
         .store
@@ -367,9 +361,9 @@ async fn route_overrides_must_name_a_route_and_reach_the_snapshot(f: Fixture) {
         .unwrap();
     assert_eq!(tenant.route_quotas.len(), 1, "set replaces");
     assert_eq!(tenant.route_quotas[0].burst, 7);
-    let snapshot = f.db.load_snapshot().await.unwrap();
+    let snapshot = load_snapshot(&f.db).await;
     assert_eq!(
-        snapshot.by_id("acme").unwrap().route_limits["/orders"].burst,
+        snapshot.by_id("acme").unwrap().route_policies["/orders"].burst(),
         7
     );
     let tenant = f
@@ -403,13 +397,7 @@ async fn delete_removes_keys_and_overrides_but_keeps_history(f: Fixture) {
         Err(AdminError::NotFound(_))
     ));
     let hash: [u8; 32] = Sha256::digest(issued.api_key.as_bytes()).into();
-    assert!(f
-        .db
-        .load_snapshot()
-        .await
-        .unwrap()
-        .by_key_hash(&hash)
-        .is_none());
+    assert!(load_snapshot(&f.db).await.by_key_hash(&hash).is_none());
     // Re-creating the id starts clean: no key, no override.
     f.store
         .create_tenant("a", &new_tenant("acme", 10, 20))
@@ -494,4 +482,9 @@ async fn audit_log_filters_by_tenant_and_pages_newest_first(f: Fixture) {
         .chain(&rest.items)
         .all(|e| e.tenant.as_deref() == Some("a")));
     assert_eq!(audit_count(&f).await, 5);
+}
+
+/// What the request path would see after a reload.
+async fn load_snapshot(db: &Database) -> std::sync::Arc<crate::directory::Snapshot> {
+    Directory::open(db).await.unwrap().snapshot()
 }

@@ -93,7 +93,7 @@ pub(super) async fn load_existing(tx: &mut Tx, id: &str) -> Result<TenantView, A
 
 impl AdminStore {
     /// Creates a tenant; 409 when the id is taken.
-    pub async fn create_tenant(
+    pub(crate) async fn create_tenant(
         &self,
         actor: &str,
         new: &NewTenant,
@@ -129,7 +129,7 @@ impl AdminStore {
     }
 
     /// One page of tenants in id order.
-    pub async fn list_tenants(
+    pub(crate) async fn list_tenants(
         &self,
         limit: u64,
         cursor: Option<&str>,
@@ -160,14 +160,14 @@ impl AdminStore {
     }
 
     /// One tenant.
-    pub async fn get_tenant(&self, id: &str) -> Result<TenantView, AdminError> {
+    pub(crate) async fn get_tenant(&self, id: &str) -> Result<TenantView, AdminError> {
         let mut tx = Tx::begin(&self.db).await?;
         load_existing(&mut tx, id).await
     }
 
     /// Applies a partial update, audited as `action`. A patch that changes nothing writes
     /// nothing (no audit row, no reload on the replicas).
-    pub async fn update_tenant(
+    pub(crate) async fn update_tenant(
         &self,
         actor: &str,
         action: &str,
@@ -222,7 +222,11 @@ impl AdminStore {
     }
 
     /// Deletes a tenant with its keys and overrides (the audit log keeps its history).
-    pub async fn delete_tenant(&self, actor: &str, id: &str) -> Result<TenantView, AdminError> {
+    pub(crate) async fn delete_tenant(
+        &self,
+        actor: &str,
+        id: &str,
+    ) -> Result<TenantView, AdminError> {
         let mut tx = Tx::begin_change(&self.db).await?;
         let before = load_existing(&mut tx, id).await?;
         // Explicit deletes rather than relying on ON DELETE CASCADE, which SQLite applies

@@ -17,7 +17,7 @@ use super::{Actor, AdminState};
 use crate::quota::Period;
 
 /// Bucket period when `per` is not given on creation.
-pub const DEFAULT_PER: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_PER: Duration = Duration::from_secs(1);
 const MIN_PER: Duration = Duration::from_millis(1);
 
 /// A tenant's limits as `GET /tenants/{id}/quota` shows them.

@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::*;
-use crate::config::DatabaseBackend;
 use crate::quota::{Period, PeriodUsage, QuotaError, TenantUsage};
-use crate::tenant::Snapshot;
 
 const TOKEN: &str = "test-admin-token-0123456789";
 
@@ -40,21 +38,20 @@ impl QuotaAdmin for FakeQuota {
 
 async fn app() -> (Router, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::connect(&DatabaseBackend::Sqlite(dir.path().join("a.db")))
-        .await
-        .unwrap();
+    let db = Database::sqlite(&dir.path().join("a.db")).await.unwrap();
+    let directory = Arc::new(Directory::open(&db).await.unwrap());
     let ctx = AdminContext {
         db,
-        directory: Arc::new(Directory::new(Snapshot::default())),
-        quota: Arc::new(FakeQuota),
+        directory,
+        limiter: Arc::new(portcullis_ratelimit::LocalLimiter::new()),
         idempotency: Arc::new(portcullis_idempotency::MemoryStore::new(1 << 20)),
-        token: Secret::new(TOKEN),
+        token: Arc::from(TOKEN),
         routes: Arc::from(vec![ConfiguredRoute {
             prefix: "/".into(),
             cost: 1,
         }]),
     };
-    (router(ctx), dir)
+    (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }
 
 async fn call(app: &Router, method: Method, uri: &str, body: Option<Value>) -> (StatusCode, Value) {

@@ -10,17 +10,17 @@ use crate::admin::validate;
 use crate::db::hash_api_key;
 
 /// Issued keys start with this, so they are recognisable in configs and secret scanners.
-pub const KEY_PREFIX: &str = "pc_";
+pub(crate) const KEY_PREFIX: &str = "pc_";
 /// Random characters after [`KEY_PREFIX`]: 32 × 6 bits = 192 bits of entropy.
-pub const KEY_RANDOM_CHARS: usize = 32;
+pub(crate) const KEY_RANDOM_CHARS: usize = 32;
 /// Characters of an issued key stored in clear to recognise it (`pc_` + 7 random ones, i.e.
 /// 42 of the 192 bits: enough to tell keys apart, far too few to guess the rest).
-pub const VISIBLE_PREFIX_CHARS: usize = 10;
+pub(crate) const VISIBLE_PREFIX_CHARS: usize = 10;
 
 const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 /// A new random key from the operating system's CSPRNG.
-pub fn generate_key() -> String {
+pub(crate) fn generate_key() -> String {
     let mut rng = rand::rngs::OsRng;
     let mut key = String::with_capacity(KEY_PREFIX.len() + KEY_RANDOM_CHARS);
     key.push_str(KEY_PREFIX);
@@ -66,7 +66,11 @@ async fn load_key(tx: &mut Tx, tenant: &str, key_id: i64) -> Result<KeyView, Adm
 impl AdminStore {
     /// Issues a key for `tenant`. Only its SHA-256 and visible prefix are stored; the
     /// plaintext is in the returned value and nowhere else.
-    pub async fn issue_key(&self, actor: &str, tenant: &str) -> Result<IssuedKey, AdminError> {
+    pub(crate) async fn issue_key(
+        &self,
+        actor: &str,
+        tenant: &str,
+    ) -> Result<IssuedKey, AdminError> {
         let mut tx = Tx::begin_change(&self.db).await?;
         load_existing(&mut tx, tenant).await?;
         let api_key = generate_key();
@@ -89,7 +93,7 @@ impl AdminStore {
     }
 
     /// A tenant's keys (prefixes only), oldest first, revoked ones included.
-    pub async fn list_keys(&self, tenant: &str) -> Result<Vec<KeyView>, AdminError> {
+    pub(crate) async fn list_keys(&self, tenant: &str) -> Result<Vec<KeyView>, AdminError> {
         let mut tx = Tx::begin(&self.db).await?;
         load_existing(&mut tx, tenant).await?;
         let sql = format!("{} WHERE tenant_id = $1 ORDER BY id", key_select(&tx));
@@ -101,7 +105,7 @@ impl AdminStore {
 
     /// Revokes a key. Revoking an already revoked key changes nothing and succeeds, so a
     /// retried revocation is safe.
-    pub async fn revoke_key(
+    pub(crate) async fn revoke_key(
         &self,
         actor: &str,
         tenant: &str,
@@ -133,7 +137,7 @@ impl AdminStore {
     }
 
     /// Sets (creates or replaces) a per-route override.
-    pub async fn put_route_quota(
+    pub(crate) async fn put_route_quota(
         &self,
         actor: &str,
         tenant: &str,
@@ -176,7 +180,7 @@ impl AdminStore {
     }
 
     /// Removes a per-route override; 404 when there is none for `route`.
-    pub async fn delete_route_quota(
+    pub(crate) async fn delete_route_quota(
         &self,
         actor: &str,
         tenant: &str,

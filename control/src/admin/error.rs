@@ -1,20 +1,18 @@
 //! Admin API failures and their one mapping to problem+json.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::response::IntoResponse;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use super::validate::FieldError;
-use crate::problem::Problem;
 use crate::quota::QuotaError;
+use portcullis_problem::Problem;
 
 /// Why an admin request failed. Each kind says what the caller should do next through its
 /// status: fix the input (422), create or look up the right thing (404/409), retry (503).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum AdminError {
+pub(crate) enum AdminError {
     /// Missing or wrong bearer token.
     #[error("missing or invalid admin token")]
     Unauthorized,
@@ -42,17 +40,17 @@ pub enum AdminError {
 
 impl AdminError {
     /// One invalid field.
-    pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> Self {
         Self::Invalid(vec![FieldError::new(field, reason)])
     }
 
     /// 404 for a tenant id.
-    pub fn no_tenant(id: &str) -> Self {
+    pub(crate) fn no_tenant(id: &str) -> Self {
         Self::NotFound(format!("no tenant with id {id:?}"))
     }
 
     /// The HTTP status this error answers with.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -65,7 +63,7 @@ impl AdminError {
     }
 
     /// The problem+json body.
-    pub fn problem(&self) -> Problem {
+    pub(crate) fn problem(&self) -> Problem {
         match self {
             Self::Unauthorized => Problem::new(
                 StatusCode::UNAUTHORIZED,
@@ -107,7 +105,7 @@ impl AdminError {
                     "Store unavailable",
                     "a backing store did not answer; nothing was changed by this request, retry later",
                 )
-                .retry_after(Duration::from_secs(1))
+                .retry_after_whole_secs(1)
             }
             _ => Problem::internal(),
         }

@@ -1,18 +1,18 @@
 //! What the admin API may ask of rate limiting, without reaching into the limiter: a tenant's
 //! current usage (read without consuming), and manual reset or top-up of a long-period quota.
 //!
-//! The admin API holds an `Arc<dyn QuotaAdmin>`; the gateway implements it over the configured
-//! limiter, so the admin code never branches on the state backend.
+//! The admin API holds an `Arc<dyn QuotaAdmin>`, implemented over the configured limiter
+//! (`quota_admin.rs`), so the admin code never branches on the state backend.
 
 use async_trait::async_trait;
 use serde::Serialize;
 
 /// A long quota period, on UTC calendar boundaries (the rate-limit crate's, which enforces it).
-pub use portcullis_ratelimit::Period;
+pub(crate) use portcullis_ratelimit::Period;
 
 /// One bucket's state as the limiter sees it now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BucketUsage {
+pub(crate) struct BucketUsage {
     /// Policy name (`tenant`, `route`, …).
     pub policy: String,
     /// Route prefix for per-route policies.
@@ -27,7 +27,7 @@ pub struct BucketUsage {
 
 /// A long-period quota's state.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PeriodUsage {
+pub(crate) struct PeriodUsage {
     /// Day or month.
     pub period: Period,
     /// Requests allowed in the period.
@@ -40,21 +40,22 @@ pub struct PeriodUsage {
 
 /// A tenant's usage, read without consuming anything.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TenantUsage {
+pub(crate) struct TenantUsage {
     /// Tenant id.
     pub tenant: String,
     /// Token buckets (tenant bucket and per-route overrides).
     pub buckets: Vec<BucketUsage>,
     /// Daily and monthly quotas, where configured.
     pub periods: Vec<PeriodUsage>,
-    /// 429 answers given to this tenant by this replica since it started.
+    /// Rate-limit rejections (429) of this tenant by this replica since it started; an
+    /// upstream's own 429 is not counted.
     pub rejected_total: u64,
 }
 
 /// Quota operations failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum QuotaError {
+pub(crate) enum QuotaError {
     /// No such tenant.
     #[error("unknown tenant {0:?}")]
     UnknownTenant(String),
@@ -68,7 +69,7 @@ pub enum QuotaError {
 
 /// Rate-limit operations for the admin API.
 #[async_trait]
-pub trait QuotaAdmin: Send + Sync {
+pub(crate) trait QuotaAdmin: Send + Sync {
     /// Current usage of `tenant`; consumes nothing.
     async fn usage(&self, tenant: &str) -> Result<TenantUsage, QuotaError>;
     /// Sets the used count of the current period back to 0.

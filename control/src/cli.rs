@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::config::ENV_ADMIN_TOKEN;
+use crate::ENV_ADMIN_TOKEN;
 use output::{print_keys, print_quota, print_tenants, print_usage, text};
 
 /// Default admin API address (the default `server.admin_listen`).

@@ -13,41 +13,41 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// Largest rate or burst, as in the configuration file.
-pub const MAX_RATE: u64 = u32::MAX as u64;
+pub(crate) const MAX_RATE: u64 = u32::MAX as u64;
 /// Longest bucket period, as in the configuration file.
-pub const MAX_PER: Duration = Duration::from_secs(366 * 86_400);
+pub(crate) const MAX_PER: Duration = Duration::from_secs(366 * 86_400);
 /// Largest daily/monthly quota or top-up amount (stored as a signed 64-bit integer).
-pub const MAX_QUOTA: u64 = i64::MAX as u64;
+pub(crate) const MAX_QUOTA: u64 = i64::MAX as u64;
 /// Longest tenant display name, in characters.
-pub const MAX_NAME_CHARS: usize = 200;
+pub(crate) const MAX_NAME_CHARS: usize = 200;
 /// Longest route prefix accepted for an override.
-pub const MAX_ROUTE_LEN: usize = 256;
+pub(crate) const MAX_ROUTE_LEN: usize = 256;
 
 /// One invalid input field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FieldError {
+pub(crate) struct FieldError {
     /// Field name (`rate`, `per`, …); `body` for the request body as a whole.
-    pub field: String,
+    pub(crate) field: String,
     /// What is wrong and what is allowed.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// A JSON object being read field by field; problems are collected, not returned early.
 #[derive(Debug)]
-pub struct Fields {
+pub(crate) struct Fields {
     map: Map<String, Value>,
     errors: Vec<FieldError>,
     query: bool,
 }
 
 /// A field of a partial update: absent (keep), `null` (clear) or a value (set).
-pub type Patch<T> = Option<Option<T>>;
+pub(crate) type Patch<T> = Option<Option<T>>;
 
 // === impl FieldError ===
 
 impl FieldError {
     /// An error for `field`.
-    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             reason: reason.into(),
@@ -59,7 +59,7 @@ impl FieldError {
 
 impl Fields {
     /// Parses a request body that must be one JSON object. An empty body is an empty object.
-    pub fn parse(body: &[u8]) -> Result<Self, Vec<FieldError>> {
+    pub(crate) fn parse(body: &[u8]) -> Result<Self, Vec<FieldError>> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::from_map(Map::new()));
         }
@@ -74,7 +74,7 @@ impl Fields {
     }
 
     /// Fields from query-string pairs (values are strings; numbers are parsed from them).
-    pub fn from_query(pairs: Vec<(String, String)>) -> Self {
+    pub(crate) fn from_query(pairs: Vec<(String, String)>) -> Self {
         let mut fields = Self::from_map(Map::new());
         fields.query = true;
         for (name, value) in pairs {
@@ -95,17 +95,17 @@ impl Fields {
     }
 
     /// Records a problem with `field`.
-    pub fn push(&mut self, field: &str, reason: impl Into<String>) {
+    pub(crate) fn push(&mut self, field: &str, reason: impl Into<String>) {
         self.errors.push(FieldError::new(field, reason));
     }
 
     /// Whether the field is present (even as `null`).
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }
 
     /// An integer in `min..=max`; `null` is refused. Absent → `None`, an error when `required`.
-    pub fn u64(&mut self, name: &str, min: u64, max: u64, required: bool) -> Option<u64> {
+    pub(crate) fn u64(&mut self, name: &str, min: u64, max: u64, required: bool) -> Option<u64> {
         match self.patch_u64(name, min, max) {
             Some(Some(v)) => Some(v),
             Some(None) if required => {
@@ -128,7 +128,7 @@ impl Fields {
     }
 
     /// A partial-update integer: absent → keep, `null` → clear, else a value in `min..=max`.
-    pub fn patch_u64(&mut self, name: &str, min: u64, max: u64) -> Patch<u64> {
+    pub(crate) fn patch_u64(&mut self, name: &str, min: u64, max: u64) -> Patch<u64> {
         let value = self.map.remove(name)?;
         let number = match &value {
             Value::Null => return Some(None),
@@ -148,7 +148,12 @@ impl Fields {
     }
 
     /// A duration string such as `"1s"`, whole milliseconds, in `min..=max`.
-    pub fn duration(&mut self, name: &str, min: Duration, max: Duration) -> Option<Duration> {
+    pub(crate) fn duration(
+        &mut self,
+        name: &str,
+        min: Duration,
+        max: Duration,
+    ) -> Option<Duration> {
         let value = self.map.remove(name)?;
         let Some(text) = value.as_str() else {
             self.push(
@@ -187,7 +192,7 @@ impl Fields {
     }
 
     /// A string field; absent or `null` → `None`.
-    pub fn string(&mut self, name: &str) -> Option<String> {
+    pub(crate) fn string(&mut self, name: &str) -> Option<String> {
         match self.map.remove(name)? {
             Value::Null => None,
             Value::String(s) => Some(s),
@@ -199,7 +204,7 @@ impl Fields {
     }
 
     /// A string field that must be present and not `null`.
-    pub fn required_string(&mut self, name: &str) -> Option<String> {
+    pub(crate) fn required_string(&mut self, name: &str) -> Option<String> {
         let value = self.string(name);
         if value.is_none() && !self.errors.iter().any(|e| e.field == name) {
             self.push(name, "is required");
@@ -208,7 +213,7 @@ impl Fields {
     }
 
     /// A boolean field; absent → `None`.
-    pub fn bool(&mut self, name: &str) -> Option<bool> {
+    pub(crate) fn bool(&mut self, name: &str) -> Option<bool> {
         match self.map.remove(name)? {
             Value::Bool(b) => Some(b),
             _ => {
@@ -219,7 +224,7 @@ impl Fields {
     }
 
     /// Refuses leftover (unknown) fields and returns every problem found.
-    pub fn finish(mut self) -> Result<(), Vec<FieldError>> {
+    pub(crate) fn finish(mut self) -> Result<(), Vec<FieldError>> {
         let mut unknown: Vec<String> = self.map.keys().cloned().collect();
         unknown.sort();
         for name in unknown {
@@ -234,7 +239,7 @@ impl Fields {
 }
 
 /// Tenant ids: 1–64 characters of `[A-Za-z0-9._-]`, as in the configuration file.
-pub fn tenant_id(id: &str) -> Result<(), String> {
+pub(crate) fn tenant_id(id: &str) -> Result<(), String> {
     let ok = (1..=64).contains(&id.len())
         && id
             .bytes()
@@ -247,7 +252,7 @@ pub fn tenant_id(id: &str) -> Result<(), String> {
 }
 
 /// Display names: at most [`MAX_NAME_CHARS`] characters, no control characters.
-pub fn name(name: &str) -> Result<(), String> {
+pub(crate) fn name(name: &str) -> Result<(), String> {
     if name.chars().count() > MAX_NAME_CHARS {
         return Err(format!("must be at most {MAX_NAME_CHARS} characters"));
     }
@@ -259,7 +264,7 @@ pub fn name(name: &str) -> Result<(), String> {
 
 /// Route prefixes of overrides: must name a route of the configuration (an override for a
 /// prefix no route has would never apply, which is a silent footgun).
-pub fn route(route: &str, configured: &[ConfiguredRoute]) -> Result<u32, String> {
+pub(crate) fn route(route: &str, configured: &[ConfiguredRoute]) -> Result<u32, String> {
     if !route.starts_with('/') || route.len() > MAX_ROUTE_LEN {
         return Err(format!(
             "must start with '/' and be at most {MAX_ROUTE_LEN} bytes"
@@ -289,7 +294,7 @@ pub struct ConfiguredRoute {
 /// Checks a bucket the way the limiter will: a value the limiter refuses would leave the
 /// tenant unlimited on that policy, and a burst below a route's cost would lock the tenant
 /// out of that route forever. `min_burst` is the largest cost the bucket must admit.
-pub fn bucket(rate: u64, per: Duration, burst: u64, min_burst: u32) -> Vec<FieldError> {
+pub(crate) fn bucket(rate: u64, per: Duration, burst: u64, min_burst: u32) -> Vec<FieldError> {
     let mut errors = Vec::new();
     if burst < u64::from(min_burst) {
         errors.push(FieldError::new(
@@ -314,7 +319,7 @@ pub fn bucket(rate: u64, per: Duration, burst: u64, min_burst: u32) -> Vec<Field
 
 /// Sanitises an `X-Admin-Actor` value for the audit log: visible ASCII letters, digits and
 /// `._@:+-` only, at most 64 characters; `None` when nothing is left.
-pub fn actor_suffix(raw: &[u8]) -> Option<String> {
+pub(crate) fn actor_suffix(raw: &[u8]) -> Option<String> {
     let clean: String = raw
         .iter()
         .filter(|b| b.is_ascii_alphanumeric() || b"._@:+-".contains(b))
