@@ -31,7 +31,6 @@ pub mod quota_admin;
 pub mod ratelimit;
 pub mod request_id;
 pub mod rescue;
-pub mod retry;
 pub mod router;
 pub mod server;
 pub mod shed;
@@ -49,9 +48,9 @@ use crate::config::{Config, IdempotencyBackend, StateBackend};
 use crate::db::{Database, DbError};
 use crate::ops::Health;
 use crate::proxy::Upstream;
-use crate::retry::Dependency;
 use crate::server::ServeOptions;
 use crate::tenant::Directory;
+use portcullis_retry::Dependency;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]

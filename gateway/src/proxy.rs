@@ -27,9 +27,9 @@ use tower::Service;
 use crate::config::UpstreamSettings;
 use crate::forwarded::{PeerAddr, TrustedProxies};
 use crate::hop_by_hop;
-use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
 use crate::server::ClientTls;
+use portcullis_retry::{AttemptInfo, ServedBy};
 
 mod client_body;
 mod connector;

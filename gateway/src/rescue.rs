@@ -11,8 +11,8 @@ use tower::{Layer, Service};
 
 use crate::problem::Problem;
 use crate::proxy::{ProxyError, ProxyErrorKind};
-use crate::retry::RetryError;
 use portcullis_idempotency::NotForwarded;
+use portcullis_retry::RetryError;
 
 /// Errors that know which problem they are.
 pub trait IntoProblem: std::error::Error {
@@ -105,7 +105,7 @@ impl IntoProblem for ProxyError {
             ),
             ProxyErrorKind::TlsHandshakeTimeout => Problem::with_type(
                 StatusCode::GATEWAY_TIMEOUT,
-                crate::retry::problem::UPSTREAM_TIMEOUT,
+                portcullis_retry::problem::UPSTREAM_TIMEOUT,
                 "Upstream TLS handshake timed out",
                 format!("the TLS handshake with the upstream did not finish in time; {endpoint_note}"),
             ),

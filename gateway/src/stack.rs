@@ -15,13 +15,13 @@ use crate::proxy::{Proxy, Upstream};
 use crate::quota_admin::RejectionCounters;
 use crate::request_id::RequestIdLayer;
 use crate::rescue::RescueLayer;
-use crate::retry::{Dependency, RetryLayer, SystemWallClock};
 use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
 use crate::tenant::{Directory, TenantLayer};
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
+use portcullis_retry::{Dependency, RetryLayer, SystemWallClock};
 
 /// Everything the pipeline is built from.
 #[derive(Clone)]

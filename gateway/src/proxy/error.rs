@@ -2,8 +2,8 @@
 
 use crate::body_timeout::is_body_timeout;
 use crate::limits::body_too_large;
-use crate::retry::{FailureKind, UpstreamFailure};
 use crate::tls::{certificate_failure, TlsConnectError};
+use portcullis_retry::{FailureKind, UpstreamFailure};
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
