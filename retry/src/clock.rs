@@ -2,12 +2,10 @@
 //! incoming `X-Request-Deadline`, to forward the deadline, and to turn a `Retry-After`
 //! HTTP-date into a wait. Everything else runs on `tokio::time::Instant`.
 
-use std::{
-    sync::Mutex,
-    time::{Duration, SystemTime},
-};
+use std::time::SystemTime;
 
-use tokio::time::Instant;
+#[cfg(test)]
+pub(crate) use self::manual::ManualWallClock;
 
 /// A source of wall-clock time.
 pub trait WallClock: Send + Sync + 'static {
@@ -18,15 +16,6 @@ pub trait WallClock: Send + Sync + 'static {
 /// The real clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemWallClock;
-
-/// A clock for tests: starts at a chosen time, follows tokio's (pausable) clock, and can
-/// be moved by hand.
-#[derive(Debug)]
-pub struct ManualWallClock {
-    start: SystemTime,
-    anchor: Instant,
-    offset: Mutex<Duration>,
-}
 
 // === impl SystemWallClock ===
 
@@ -39,28 +28,37 @@ impl WallClock for SystemWallClock {
     }
 }
 
-// === impl ManualWallClock ===
+/// The test clock: tests pin the wall clock to a known instant.
+#[cfg(test)]
+mod manual {
+    use std::time::SystemTime;
 
-impl ManualWallClock {
-    /// A clock reading `start` now; it then advances with `tokio::time`.
-    pub fn new(start: SystemTime) -> Self {
-        Self {
-            start,
-            anchor: Instant::now(),
-            offset: Mutex::new(Duration::ZERO),
+    use tokio::time::Instant;
+
+    use super::WallClock;
+
+    /// A clock for tests: starts at a chosen time and follows tokio's (pausable) clock.
+    #[derive(Debug)]
+    pub(crate) struct ManualWallClock {
+        start: SystemTime,
+        anchor: Instant,
+    }
+
+    // === impl ManualWallClock ===
+
+    impl ManualWallClock {
+        /// A clock reading `start` now; it then advances with `tokio::time`.
+        pub(crate) fn new(start: SystemTime) -> Self {
+            Self {
+                start,
+                anchor: Instant::now(),
+            }
         }
     }
 
-    /// Moves the clock forward by `by` without moving tokio's clock.
-    pub fn advance(&self, by: Duration) {
-        let mut offset = self.offset.lock().unwrap_or_else(|e| e.into_inner());
-        *offset += by;
-    }
-}
-
-impl WallClock for ManualWallClock {
-    fn now(&self) -> SystemTime {
-        let offset = *self.offset.lock().unwrap_or_else(|e| e.into_inner());
-        self.start + Instant::now().saturating_duration_since(self.anchor) + offset
+    impl WallClock for ManualWallClock {
+        fn now(&self) -> SystemTime {
+            self.start + Instant::now().saturating_duration_since(self.anchor)
+        }
     }
 }

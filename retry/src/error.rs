@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-
 /// How an upstream attempt failed below HTTP, as far as the upstream client can tell.
 ///
 /// The retry layer's safety ladder is decided on this: the first five kinds prove that no
@@ -40,15 +38,11 @@ pub trait UpstreamFailure: std::error::Error + Send + Sync + 'static {
 
 /// Why a request through the retry layer produced no upstream response.
 ///
-/// The gateway maps it to `application/problem+json` in one place with [`status`],
-/// [`retry_after`], [`problem_type`] and [`title`]; the idempotency layer asks
-/// [`is_provably_unprocessed`] to decide whether to release the key.
-///
-/// [`status`]: RetryError::status
-/// [`retry_after`]: RetryError::retry_after
-/// [`problem_type`]: RetryError::problem_type
-/// [`title`]: RetryError::title
-/// [`is_provably_unprocessed`]: RetryError::is_provably_unprocessed
+/// The gateway turns it into `application/problem+json` in one place (its rescue layer),
+/// from the variant and, for [`RetryError::Upstream`], from the upstream client's own error;
+/// this crate does not guess statuses for failures it cannot see. The idempotency layer asks
+/// [`is_provably_unprocessed`](RetryError::is_provably_unprocessed) whether to release the
+/// key.
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum RetryError<E> {
@@ -76,48 +70,9 @@ pub enum RetryError<E> {
     RequestBody(#[source] axum::Error),
 }
 
-/// Stable `type` URIs of the problems the gateway builds from a [`RetryError`].
-pub mod problem {
-    /// An upstream attempt failed below HTTP (502).
-    pub const UPSTREAM_FAILED: &str = "https://portcullis.dev/problems/upstream-failed";
-    /// Upstream timed out, or the request deadline passed (504).
-    pub const UPSTREAM_TIMEOUT: &str = "https://portcullis.dev/problems/upstream-timeout";
-    /// The upstream's circuit breaker is open (503).
-    pub const CIRCUIT_OPEN: &str = "https://portcullis.dev/problems/circuit-open";
-    /// The request body could not be read (400).
-    pub const BAD_REQUEST_BODY: &str = "https://portcullis.dev/problems/bad-request-body";
-    /// The request body exceeded the gateway's limit (413).
-    pub const BODY_TOO_LARGE: &str = "https://portcullis.dev/problems/body-too-large";
-}
-
 // === impl RetryError ===
 
 impl<E: UpstreamFailure> RetryError<E> {
-    /// HTTP status for the client: 502 for upstream failures, 504 for timeouts and the
-    /// deadline, 503 for an open breaker, 413/400 for an unreadable request body.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Self::Upstream(e) => match e.kind() {
-                FailureKind::ConnectTimeout | FailureKind::TlsHandshakeTimeout => {
-                    StatusCode::GATEWAY_TIMEOUT
-                }
-                _ => StatusCode::BAD_GATEWAY,
-            },
-            Self::AttemptTimeout { .. } | Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-            Self::BreakerOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::RequestBody(e) if is_length_limit(e) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::RequestBody(_) => StatusCode::BAD_REQUEST,
-        }
-    }
-
-    /// How long the client should wait before trying again, when the layer knows it.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::BreakerOpen { retry_after } => Some(*retry_after),
-            _ => None,
-        }
-    }
-
     /// True when no byte of the request can have reached the backend, so an idempotency
     /// key may be released: connect refused/timeout, DNS, reset before sending, TLS
     /// handshake timeout, an open breaker, a deadline that passed before any attempt, an
@@ -138,49 +93,4 @@ impl<E: UpstreamFailure> RetryError<E> {
             Self::DeadlineExceeded | Self::BreakerOpen { .. } | Self::RequestBody(_) => true,
         }
     }
-
-    /// Stable problem `type` URI (see [`problem`]).
-    pub fn problem_type(&self) -> &'static str {
-        match self {
-            Self::Upstream(e) => match e.kind() {
-                FailureKind::ConnectTimeout | FailureKind::TlsHandshakeTimeout => {
-                    problem::UPSTREAM_TIMEOUT
-                }
-                _ => problem::UPSTREAM_FAILED,
-            },
-            Self::AttemptTimeout { .. } | Self::DeadlineExceeded => problem::UPSTREAM_TIMEOUT,
-            Self::BreakerOpen { .. } => problem::CIRCUIT_OPEN,
-            Self::RequestBody(e) if is_length_limit(e) => problem::BODY_TOO_LARGE,
-            Self::RequestBody(_) => problem::BAD_REQUEST_BODY,
-        }
-    }
-
-    /// Short human-readable problem title.
-    pub fn title(&self) -> &'static str {
-        match self {
-            Self::Upstream(e) => match e.kind() {
-                FailureKind::ConnectTimeout | FailureKind::TlsHandshakeTimeout => {
-                    "Upstream connection timed out"
-                }
-                _ => "Upstream request failed",
-            },
-            Self::AttemptTimeout { .. } => "Upstream response timed out",
-            Self::DeadlineExceeded => "Request deadline exceeded",
-            Self::BreakerOpen { .. } => "Upstream temporarily unavailable",
-            Self::RequestBody(e) if is_length_limit(e) => "Request body too large",
-            Self::RequestBody(_) => "Request body could not be read",
-        }
-    }
-}
-
-/// Whether a body error was caused by `http_body_util::Limited` (the gateway's body limit).
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }
