@@ -3,6 +3,7 @@
 //!
 //! This crate assembles the concern crates (`portcullis-ratelimit`, `portcullis-idempotency`)
 //! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
+//! The retry layer toward backends is its own crate, `portcullis-retry`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
