@@ -23,7 +23,7 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-use crate::retry::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT};
+use portcullis_retry::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT};
 
 /// Hop-by-hop fields by definition, whatever `Connection` says. `Proxy-Authorization` is
 /// for the gateway itself (which asks for none) and `Proxy-Authenticate` is an upstream's

@@ -5,6 +5,7 @@
 //! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
 //! The control plane (database, tenant directory and its reload, quotas, admin API and CLI)
 //! is `portcullis-control`: this crate only reads its tenant snapshot on the request path.
+//! The retry layer toward backends is its own crate, `portcullis-retry`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,7 +29,6 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod request_id;
 pub mod rescue;
-pub mod retry;
 pub mod router;
 pub mod server;
 pub mod shed;
@@ -45,9 +45,9 @@ use std::sync::Arc;
 use crate::config::{Config, IdempotencyBackend, StateBackend};
 use crate::ops::Health;
 use crate::proxy::Upstream;
-use crate::retry::Dependency;
 use crate::server::ServeOptions;
 use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
+use portcullis_retry::Dependency;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]

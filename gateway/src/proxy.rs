@@ -19,7 +19,6 @@ use futures_util::future::{BoxFuture, FutureExt};
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Service;
@@ -27,17 +26,19 @@ use tower::Service;
 use crate::config::UpstreamSettings;
 use crate::forwarded::{PeerAddr, TrustedProxies};
 use crate::hop_by_hop;
-use crate::retry::{AttemptInfo, ServedBy};
 use crate::router::MatchedRoute;
 use crate::server::ClientTls;
+use portcullis_retry::{AttemptInfo, ServedBy};
 
 mod client_body;
 mod connector;
 mod error;
+mod resolver;
 
 use client_body::{BodyFailure, WitnessedBody};
 pub use connector::{TlsConnector, UpstreamIo};
 pub use error::{ProxyError, ProxyErrorKind};
+pub use resolver::{DnsError, HttpConnector, Resolver};
 
 /// Idle pooled connections are closed after this long (below common backend keep-alive
 /// timeouts of 60–75 s would be safer, but backends here are configured by their owners).
@@ -65,7 +66,7 @@ enum Pool {
 impl Upstream {
     /// Builds the pool for validated settings.
     pub fn new(settings: &UpstreamSettings) -> Self {
-        let mut connector = HttpConnector::new();
+        let mut connector = resolver::http_connector();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(true);

@@ -11,8 +11,8 @@ use tower::{Layer, Service};
 
 use crate::problem::Problem;
 use crate::proxy::{ProxyError, ProxyErrorKind};
-use crate::retry::RetryError;
 use portcullis_idempotency::NotForwarded;
+use portcullis_retry::RetryError;
 
 /// Errors that know which problem they are.
 pub trait IntoProblem: std::error::Error {
@@ -41,46 +41,50 @@ impl IntoProblem for RetryError<ProxyError> {
         }
     }
 
+    /// The one mapping of retry-layer errors to what clients receive; the upstream's own
+    /// failures are the proxy's (below), so a connect timeout is a 502 like a refusal.
     fn problem(&self) -> Problem {
-        if let RetryError::RequestBody(err) = self {
-            if let Some(too_large) = crate::limits::body_too_large(err) {
-                return Problem::body_too_large(too_large.limit);
-            }
-        }
-        let problem = match self {
-            RetryError::Upstream(err) => return err.problem(),
-            RetryError::AttemptTimeout { after } => Problem::with_type(
-                self.status(),
-                self.problem_type(),
-                self.title(),
+        match self {
+            RetryError::Upstream(err) => err.problem(),
+            RetryError::AttemptTimeout { after } => Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream response timed out",
                 format!(
                     "the upstream sent no response within {} ms; the backend may have processed the request",
                     after.as_millis()
                 ),
             ),
-            RetryError::DeadlineExceeded => Problem::with_type(
-                self.status(),
-                self.problem_type(),
-                self.title(),
+            RetryError::DeadlineExceeded => Problem::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Request deadline exceeded",
                 "the request's deadline (X-Request-Deadline or the route's total) passed before it could be sent",
             ),
-            RetryError::BreakerOpen { .. } => Problem::with_type(
-                self.status(),
-                self.problem_type(),
-                self.title(),
+            RetryError::BreakerOpen { retry_after } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "circuit-open",
+                "Upstream temporarily unavailable",
                 "the upstream is failing and its circuit breaker is open; the request was not sent. Retry after the indicated delay with backoff and jitter",
-            ),
-            RetryError::RequestBody(err) if crate::body_timeout::is_body_timeout(err) => Problem::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body-timeout",
-                "Request body timed out",
-                "the request body did not arrive within the gateway's time limit",
-            ),
-            _ => Problem::with_type(self.status(), self.problem_type(), self.title(), "the request body could not be read"),
-        };
-        match self.retry_after() {
-            Some(wait) => problem.retry_after(wait),
-            None => problem,
+            )
+            .retry_after(*retry_after),
+            RetryError::RequestBody(err) => match crate::limits::body_too_large(err) {
+                Some(too_large) => Problem::body_too_large(too_large.limit),
+                None if crate::body_timeout::is_body_timeout(err) => Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body-timeout",
+                    "Request body timed out",
+                    "the request body did not arrive within the gateway's time limit",
+                ),
+                None => Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-request-body",
+                    "Request body could not be read",
+                    "the request body could not be read",
+                ),
+            },
+            // A kind added to the retry crate later: logged, answered without internals.
+            _ => Problem::internal(),
         }
     }
 }
@@ -103,9 +107,9 @@ impl IntoProblem for ProxyError {
                 "Upstream unreachable",
                 format!("the gateway could not connect to the upstream; {endpoint_note}"),
             ),
-            ProxyErrorKind::TlsHandshakeTimeout => Problem::with_type(
+            ProxyErrorKind::TlsHandshakeTimeout => Problem::new(
                 StatusCode::GATEWAY_TIMEOUT,
-                crate::retry::problem::UPSTREAM_TIMEOUT,
+                "upstream-timeout",
                 "Upstream TLS handshake timed out",
                 format!("the TLS handshake with the upstream did not finish in time; {endpoint_note}"),
             ),
@@ -215,5 +219,160 @@ where
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    type E = RetryError<ProxyError>;
+
+    fn upstream(kind: ProxyErrorKind) -> E {
+        RetryError::Upstream(ProxyError::new(kind, Some(0)))
+    }
+
+    /// The response a client receives for `err`, as `Rescue` builds it.
+    async fn answer(err: E) -> (StatusCode, serde_json::Value, bool) {
+        let unprocessed = err.provably_unprocessed();
+        let response = err.problem().into_response();
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let json = serde_json::from_slice(&body).expect("problem+json");
+        (status, json, unprocessed)
+    }
+
+    /// The one mapping from retry-layer errors to what clients receive: status, problem
+    /// type, and whether the idempotency key is released (`NotForwarded`).
+    #[tokio::test]
+    async fn retry_errors_map_to_the_problems_clients_receive() {
+        let cases: Vec<(E, u16, &str, bool)> = vec![
+            (
+                upstream(ProxyErrorKind::ConnectRefused),
+                502,
+                "upstream-unreachable",
+                true,
+            ),
+            // A connect timeout is "could not connect", like a refusal: 502, not 504.
+            (
+                upstream(ProxyErrorKind::ConnectTimeout),
+                502,
+                "upstream-unreachable",
+                true,
+            ),
+            (
+                upstream(ProxyErrorKind::Dns),
+                502,
+                "upstream-unreachable",
+                true,
+            ),
+            (
+                upstream(ProxyErrorKind::TlsHandshakeTimeout),
+                504,
+                "upstream-timeout",
+                true,
+            ),
+            (
+                upstream(ProxyErrorKind::TlsHandshake),
+                502,
+                "upstream-unreachable",
+                true,
+            ),
+            (
+                upstream(ProxyErrorKind::TlsCertificate),
+                502,
+                "upstream-certificate",
+                true,
+            ),
+            (
+                upstream(ProxyErrorKind::ResetAfterSent),
+                502,
+                "upstream-failed",
+                false,
+            ),
+            (
+                upstream(ProxyErrorKind::Other),
+                502,
+                "upstream-failed",
+                false,
+            ),
+            (
+                upstream(ProxyErrorKind::BodyTimeout),
+                408,
+                "body-timeout",
+                false,
+            ),
+            (
+                upstream(ProxyErrorKind::BadClientBody),
+                400,
+                "bad-request-body",
+                false,
+            ),
+            (
+                RetryError::AttemptTimeout {
+                    after: Duration::from_secs(5),
+                },
+                504,
+                "upstream-timeout",
+                false,
+            ),
+            (RetryError::DeadlineExceeded, 504, "upstream-timeout", true),
+            (
+                RetryError::BreakerOpen {
+                    retry_after: Duration::from_millis(2500),
+                },
+                503,
+                "circuit-open",
+                true,
+            ),
+            (
+                RetryError::RequestBody(axum::Error::new(crate::body_timeout::BodyTimeout(
+                    Duration::from_secs(10),
+                ))),
+                408,
+                "body-timeout",
+                true,
+            ),
+            (
+                RetryError::RequestBody(axum::Error::new(std::io::Error::other("reset"))),
+                400,
+                "bad-request-body",
+                true,
+            ),
+        ];
+        for (err, code, slug, unprocessed) in cases {
+            let what = format!("{err:?}");
+            let (status, json, released) = answer(err).await;
+            assert_eq!(status.as_u16(), code, "{what}");
+            assert_eq!(json["status"], code, "{what}");
+            assert_eq!(
+                json["type"],
+                format!("{}{slug}", crate::problem::TYPE_BASE),
+                "{what}"
+            );
+            assert!(
+                json["title"].as_str().is_some_and(|t| !t.is_empty()),
+                "{what}"
+            );
+            assert_eq!(released, unprocessed, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_open_breaker_tells_the_client_when_to_come_back() {
+        let err: E = RetryError::BreakerOpen {
+            retry_after: Duration::from_millis(2500),
+        };
+        let response = err.problem().into_response();
+        assert_eq!(response.headers()[http::header::RETRY_AFTER], "3");
     }
 }

@@ -14,7 +14,7 @@ use tower::{Layer, Service};
 use crate::config::RouteSettings;
 use crate::metrics::RouteMetrics;
 use crate::problem::Problem;
-use crate::retry::{Dependency, RetryTarget};
+use portcullis_retry::{Dependency, RetryTarget};
 
 /// A configured route.
 #[derive(Debug)]

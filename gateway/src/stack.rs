@@ -14,7 +14,6 @@ use crate::ops::{Health, HealthRoutesLayer};
 use crate::proxy::{Proxy, Upstream};
 use crate::request_id::RequestIdLayer;
 use crate::rescue::RescueLayer;
-use crate::retry::{Dependency, RetryLayer, SystemWallClock};
 use crate::router::{RouteLayer, RouteTable};
 use crate::server::HttpService;
 use crate::shed::LoadShedLayer;
@@ -22,6 +21,7 @@ use crate::tenant::TenantLayer;
 use portcullis_control::Directory;
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
+use portcullis_retry::{Dependency, RetryLayer, SystemWallClock};
 
 /// Everything the pipeline is built from.
 #[derive(Clone)]

@@ -19,10 +19,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use duration::HumanDuration;
 pub use error::{ConfigError, ConfigIssue};
+pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use tls::{Http2Settings, UpstreamTls, DEFAULT_TLS_HANDSHAKE_TIMEOUT};
 

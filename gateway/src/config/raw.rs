@@ -346,7 +346,7 @@ impl Default for RawBreaker {
             window: HumanDuration::secs(30),
             open_for: HumanDuration::secs(10),
             half_open_probes: 3,
-            min_callers: crate::retry::DEFAULT_MIN_CALLERS,
+            min_callers: portcullis_retry::DEFAULT_MIN_CALLERS,
         }
     }
 }

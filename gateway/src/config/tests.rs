@@ -44,7 +44,7 @@ fn defaults_follow_seed_002() {
     assert_eq!(retry.cap(), Duration::from_secs(30));
     assert_eq!(retry.max_retries(), 3);
     assert_eq!(retry.total(), Duration::from_secs(30));
-    assert_eq!(retry.jitter(), crate::retry::Jitter::Full);
+    assert_eq!(retry.jitter(), portcullis_retry::Jitter::Full);
     assert_eq!(config.upstreams[0].budget.percent(), 20);
     assert_eq!(config.upstreams[0].budget.window(), Duration::from_secs(30));
     assert_eq!(config.storage.state, StateBackend::Memory);

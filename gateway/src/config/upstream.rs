@@ -8,7 +8,7 @@ use super::error::Issues;
 use super::raw::{RawRetry, RawRouteRetry, RawUpstream};
 use super::validate::{duration_range, valid_id};
 use super::UpstreamSettings;
-use crate::retry::{
+use portcullis_retry::{
     BreakerConfig, BudgetConfig, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy,
 };
 

@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use http::uri::Scheme;
 use http::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -23,6 +23,8 @@ use tower::Service;
 
 use crate::config::UpstreamTls;
 use crate::tls::{TlsConnectError, ALPN_H2};
+
+use super::HttpConnector;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,9 +1,10 @@
 //! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
 
+use super::resolver::DnsError;
 use crate::body_timeout::is_body_timeout;
 use crate::limits::body_too_large;
-use crate::retry::{FailureKind, UpstreamFailure};
 use crate::tls::{certificate_failure, TlsConnectError};
+use portcullis_retry::{FailureKind, UpstreamFailure};
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,20 +156,16 @@ fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
                 _ => ProxyErrorKind::TlsHandshake,
             };
         }
-        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
-        while let Some(e) = current {
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                return match io.kind() {
-                    std::io::ErrorKind::ConnectionRefused => ProxyErrorKind::ConnectRefused,
-                    std::io::ErrorKind::TimedOut => ProxyErrorKind::ConnectTimeout,
-                    _ if e.to_string().contains("dns") => ProxyErrorKind::Dns,
-                    _ => ProxyErrorKind::ConnectRefused,
-                };
-            }
-            if e.to_string().contains("dns error") {
-                return ProxyErrorKind::Dns;
-            }
-            current = e.source();
+        // The resolver's own error type (see `resolver.rs`), not hyper-util's message.
+        if find::<DnsError>(err).is_some() {
+            return ProxyErrorKind::Dns;
+        }
+        if let Some(io) = find::<std::io::Error>(err) {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => ProxyErrorKind::ConnectRefused,
+                std::io::ErrorKind::TimedOut => ProxyErrorKind::ConnectTimeout,
+                _ => ProxyErrorKind::ConnectRefused,
+            };
         }
         // A connect-phase error without an io cause: still nothing was sent.
         return ProxyErrorKind::ConnectRefused;

@@ -1,6 +1,7 @@
 //! State-machine tests of the circuit breaker on paused time.
 
 use super::super::policy::InvalidRetryConfig;
+use super::config::MAX_MIN_CALLERS;
 use super::*;
 use BreakerOutcome::{Failure, Neutral, Success};
 

@@ -9,11 +9,11 @@ use http::{Method, StatusCode};
 use super::error::FailureKind;
 
 /// At most this many attempts may end in a DNS failure (seed 002 R-4).
-pub const DNS_MAX_ATTEMPTS: u32 = 2;
+pub(crate) const DNS_MAX_ATTEMPTS: u32 = 2;
 
 /// What one upstream attempt produced, reduced to what classification needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
+pub(crate) enum AttemptOutcome {
     /// Response headers arrived with this status.
     Status(StatusCode),
     /// The upstream client failed below HTTP.
@@ -24,7 +24,7 @@ pub enum AttemptOutcome {
 
 /// How an outcome relates to the request having been processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureClass {
+pub(crate) enum FailureClass {
     /// Not a transient failure: success, redirect, other 4xx, 501…, TLS certificate, other.
     Final,
     /// Provably no byte reached the backend (connect refused/timeout, DNS, reset before
@@ -38,7 +38,7 @@ pub enum FailureClass {
 
 /// The rung of the safety ladder that allows a retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rung {
+pub(crate) enum Rung {
     /// 1: provably unprocessed, any method.
     Unprocessed,
     /// 2: idempotent method (GET, HEAD, OPTIONS, PUT, DELETE) or route declared idempotent.
@@ -49,7 +49,7 @@ pub enum Rung {
 
 /// What the ladder needs to know about the request and its upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestSafety {
+pub(crate) struct RequestSafety {
     /// Idempotent by method or by route declaration.
     pub idempotent: bool,
     /// Holds the idempotency lock (the key is forwarded on every attempt).
@@ -60,7 +60,7 @@ pub struct RequestSafety {
 
 /// How an attempt counts for the circuit breaker: upstream *health*, not request success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerOutcome {
+pub(crate) enum BreakerOutcome {
     /// The upstream answered deliberately (2xx–4xx except 408/429, 5xx other than
     /// 500/502/503/504).
     Success,
@@ -73,13 +73,8 @@ pub enum BreakerOutcome {
     Neutral,
 }
 
-/// Retryable statuses (seed 002 R-4): 408, 429, 500, 502, 503, 504.
-pub fn is_retryable_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504)
-}
-
 /// Failures that prove the request never reached the backend.
-pub fn is_provably_unprocessed(kind: FailureKind) -> bool {
+pub(crate) fn is_provably_unprocessed(kind: FailureKind) -> bool {
     matches!(
         kind,
         FailureKind::ConnectRefused
@@ -91,7 +86,7 @@ pub fn is_provably_unprocessed(kind: FailureKind) -> bool {
 }
 
 /// Methods that are idempotent by definition (seed 002 R-6).
-pub fn is_idempotent_method(method: &Method) -> bool {
+pub(crate) fn is_idempotent_method(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
@@ -99,7 +94,7 @@ pub fn is_idempotent_method(method: &Method) -> bool {
 }
 
 /// The class of an outcome.
-pub fn failure_class(outcome: AttemptOutcome) -> FailureClass {
+pub(crate) fn failure_class(outcome: AttemptOutcome) -> FailureClass {
     match outcome {
         AttemptOutcome::Status(s) => match s.as_u16() {
             408 | 429 | 503 => FailureClass::Declined,
@@ -120,7 +115,7 @@ pub fn failure_class(outcome: AttemptOutcome) -> FailureClass {
 /// 3. holding the idempotency lock → 408/429/503 always, 500/502/504/reset-after-sent/
 ///    timeouts only when the upstream dedupes on the key;
 /// 4. anything else → never once a byte may have reached the backend.
-pub fn retry_rung(outcome: AttemptOutcome, safety: RequestSafety) -> Option<Rung> {
+pub(crate) fn retry_rung(outcome: AttemptOutcome, safety: RequestSafety) -> Option<Rung> {
     match failure_class(outcome) {
         FailureClass::Final => None,
         FailureClass::Unprocessed => Some(Rung::Unprocessed),
@@ -132,7 +127,7 @@ pub fn retry_rung(outcome: AttemptOutcome, safety: RequestSafety) -> Option<Rung
 }
 
 /// How an outcome counts for the circuit breaker (see [`BreakerOutcome`]).
-pub fn breaker_outcome(outcome: AttemptOutcome) -> BreakerOutcome {
+pub(crate) fn breaker_outcome(outcome: AttemptOutcome) -> BreakerOutcome {
     match outcome {
         AttemptOutcome::Status(s) => match s.as_u16() {
             408 | 429 | 500 => BreakerOutcome::Neutral,
@@ -145,7 +140,7 @@ pub fn breaker_outcome(outcome: AttemptOutcome) -> BreakerOutcome {
 }
 
 /// Short label for logs and metrics (`status_503`, `connect_refused`, `attempt_timeout`…).
-pub fn error_type(outcome: AttemptOutcome) -> std::borrow::Cow<'static, str> {
+pub(crate) fn error_type(outcome: AttemptOutcome) -> std::borrow::Cow<'static, str> {
     use std::borrow::Cow;
     match outcome {
         AttemptOutcome::Status(s) => Cow::Owned(format!("status_{}", s.as_u16())),
@@ -167,7 +162,12 @@ pub fn error_type(outcome: AttemptOutcome) -> std::borrow::Cow<'static, str> {
 
 impl RequestSafety {
     /// Safety facts of a request. `protected` is whether it holds the idempotency lock.
-    pub fn new(method: &Method, idempotent_route: bool, protected: bool, dedupes: bool) -> Self {
+    pub(crate) fn new(
+        method: &Method,
+        idempotent_route: bool,
+        protected: bool,
+        dedupes: bool,
+    ) -> Self {
         Self {
             idempotent: idempotent_route || is_idempotent_method(method),
             protected,

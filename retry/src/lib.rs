@@ -1,4 +1,4 @@
-//! The single retry layer toward backends.
+//! `portcullis-retry`: the single retry layer toward backends, as a tower `Layer`.
 //!
 //! [`RetryLayer`] wraps the pooled upstream client. For each request that the router
 //! tagged with a [`RetryTarget`] it classifies every attempt's outcome, decides with the
@@ -6,6 +6,76 @@
 //! (at least the upstream's `Retry-After`), and stops at the request's deadline, the
 //! upstream's retry budget or its open circuit breaker. A request without a `RetryTarget`
 //! is forwarded exactly once, untouched.
+//!
+//! # Usage
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use portcullis_retry::{
+//!     BreakerConfig, BudgetConfig, Dependency, RetryLayer, RetryParams, RetryPolicy,
+//!     RetryTarget, SystemWallClock,
+//! };
+//! use tower::Layer;
+//!
+//! /// Stands in for the idempotency layer's marker on a request holding its key's lock.
+//! struct Locked;
+//! # let upstream_client = ();
+//!
+//! // Start-up: one `Dependency` per upstream (its budget and breaker), a policy per route.
+//! let orders = Arc::new(Dependency::new(
+//!     "orders", 2, false, BudgetConfig::default(), BreakerConfig::default(),
+//! ));
+//! let policy = Arc::new(RetryPolicy::try_new(RetryParams::default())?);
+//! // The innermost request layer, right above the pooled upstream client.
+//! let retry = RetryLayer::new(
+//!     |ext| ext.get::<Locked>().is_some(), // holds the idempotency lock (rung 3)
+//!     |_ext| 0,                             // the caller, for the breaker (tenant or client IP)
+//!     Arc::new(SystemWallClock),
+//! );
+//! let client = retry.layer(upstream_client);
+//! // The router tags each routed request; an untagged one is forwarded once, unbuffered.
+//! let mut request = http::Request::new(axum::body::Body::empty());
+//! let target = RetryTarget { policy, dependency: orders, idempotent_route: false };
+//! request.extensions_mut().insert(target);
+//! # let _ = client;
+//! # Ok::<(), portcullis_retry::InvalidRetryConfig>(())
+//! ```
+//!
+//! # Where it sits
+//!
+//! Last of the request layers, first on the way back from the backend:
+//!
+//! ```text
+//! listener → … → rate limit → idempotency → router (inserts RetryTarget)
+//!          → retry (this crate) → pooled upstream client
+//! ```
+//!
+//! It must sit below the idempotency layer (a keyed POST is retried only while it holds the
+//! key's lock, and the key is released only when nothing reached the backend) and right
+//! above the client, where a failure is seen first-hand and every attempt is counted.
+//!
+//! # The safety ladder
+//!
+//! Whether a failure is *transient* (408, 429, 500, 502, 503, 504, connection refused or
+//! reset, timeouts, DNS, TLS handshake timeout) is one question; whether *repeating the
+//! request* is safe is another, decided per failure:
+//!
+//! 1. **Provably not processed** (connect refused/timeout, DNS, reset before a byte was
+//!    written, TLS handshake timeout): nothing reached the backend, so any method may be
+//!    retried — even a bare POST.
+//! 2. **Idempotent** — GET, HEAD, OPTIONS, PUT, DELETE, or a route declared idempotent —
+//!    every transient failure may be retried: doing it twice equals doing it once.
+//! 3. **Protected** — a request holding the gateway's idempotency lock (the same
+//!    `Idempotency-Key` goes out on every attempt): retried on 408/429/503, which say the
+//!    backend did not process it, and on 500/502/504/resets/timeouts only when the upstream
+//!    declares `dedupes_idempotency_keys`; otherwise such an ambiguous failure may have
+//!    charged the card, and the idempotency layer stores it instead.
+//! 4. **Anything else** is never retried once a byte may have reached the backend.
+//!
+//! TLS certificate errors are never retried (seed 002 R-9: a possible MITM must surface).
+//! DNS failures get at most 2 attempts. Retries prefer a different endpoint: each attempt
+//! carries an [`AttemptInfo`] naming the endpoint that just failed.
 //!
 //! # Why one retry layer
 //!
@@ -29,30 +99,8 @@
 //! budget never bites. The circuit breaker is the next step: when gateway failures are
 //! sustained (≥ 50 % of ≥ 20 requests over 30 s, still so without the 2 callers with the
 //! most failures) it stops traffic altogether for `open_for`, answers 503 with
-//! `Retry-After`, and lets a few probes decide when to resume. See
-//! [`RetryBudget`] and [`CircuitBreaker`] for their accuracy and costs.
-//!
-//! # The safety ladder
-//!
-//! Whether a failure is *transient* (408, 429, 500, 502, 503, 504, connection refused or
-//! reset, timeouts, DNS, TLS handshake timeout) is one question; whether *repeating the
-//! request* is safe is another, decided per failure:
-//!
-//! 1. **Provably not processed** (connect refused/timeout, DNS, reset before a byte was
-//!    written, TLS handshake timeout): nothing reached the backend, so any method may be
-//!    retried — even a bare POST.
-//! 2. **Idempotent** — GET, HEAD, OPTIONS, PUT, DELETE, or a route declared idempotent —
-//!    every transient failure may be retried: doing it twice equals doing it once.
-//! 3. **Protected** — a request holding the gateway's idempotency lock (the same
-//!    `Idempotency-Key` goes out on every attempt): retried on 408/429/503, which say the
-//!    backend did not process it, and on 500/502/504/resets/timeouts only when the upstream
-//!    declares `dedupes_idempotency_keys`; otherwise such an ambiguous failure may have
-//!    charged the card, and the idempotency layer stores it instead.
-//! 4. **Anything else** is never retried once a byte may have reached the backend.
-//!
-//! TLS certificate errors are never retried (seed 002 R-9: a possible MITM must surface).
-//! DNS failures get at most 2 attempts. Retries prefer a different endpoint: each attempt
-//! carries an [`AttemptInfo`] naming the endpoint that just failed.
+//! `Retry-After`, and lets a few probes decide when to resume. The `budget` and `breaker`
+//! modules state their accuracy and costs.
 //!
 //! # Deadlines and Retry-After
 //!
@@ -80,22 +128,10 @@
 //!
 //! The router inserts a [`RetryTarget`] into the request extensions; the upstream client
 //! reads [`AttemptInfo`], sets [`ServedBy`] on responses, and its error type implements
-//! [`UpstreamFailure`]. Errors come back as [`RetryError`], whose query methods
-//! (`status`, `retry_after`, `is_provably_unprocessed`, `problem_type`, `title`) give the
-//! gateway everything to build a problem+json response.
-//!
-//! ```ignore
-//! // Start-up: one Dependency per upstream, one policy per upstream or route.
-//! let orders = Arc::new(Dependency::new("orders", 2, false, BudgetConfig::default(),
-//!     BreakerConfig::default()));
-//! let policy = Arc::new(RetryPolicy::try_new(RetryParams::default())?);
-//! // Stack: … → idempotency → router (inserts RetryTarget) → retry → upstream client.
-//! let retry = RetryLayer::new(|e| e.get::<IdempotencyLock>().is_some(),
-//!     tenant::caller_key, Arc::new(SystemWallClock));
-//! let client = ServiceBuilder::new().layer(retry).service(proxy_client);
-//! // Router, per request:
-//! req.extensions_mut().insert(RetryTarget { policy, dependency: orders, idempotent_route: false });
-//! ```
+//! [`UpstreamFailure`]. Errors come back as [`RetryError`]; the gateway turns them into
+//! problem+json in one place (only it knows what its upstream client's failures mean to a
+//! client), and asks [`RetryError::is_provably_unprocessed`] whether an idempotency key may
+//! be released.
 //!
 //! # Observability
 //!
@@ -119,6 +155,7 @@ mod dependency;
 mod error;
 mod headers;
 mod layer;
+mod metrics;
 mod policy;
 mod service;
 mod window;
@@ -129,33 +166,14 @@ mod tests;
 use std::sync::Arc;
 
 pub use self::{
-    backoff::{decorrelated_jitter, full_jitter, full_jitter_ceiling, Backoff},
-    breaker::{
-        BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, DEFAULT_MIN_CALLERS,
-        MAX_MIN_CALLERS, PROBES_BUSY_RETRY_AFTER,
-    },
-    budget::{
-        BudgetConfig, BudgetSnapshot, RetryBudget, DEFAULT_BUDGET_PERCENT, DEFAULT_BUDGET_WINDOW,
-        DEFAULT_MIN_RETRIES_PER_SECOND, MAX_BUDGET_PERCENT,
-    },
-    classify::{
-        breaker_outcome, failure_class, is_idempotent_method, is_provably_unprocessed,
-        is_retryable_status, retry_rung, AttemptOutcome, BreakerOutcome, FailureClass,
-        RequestSafety, Rung, DNS_MAX_ATTEMPTS,
-    },
-    clock::{ManualWallClock, SystemWallClock, WallClock},
+    breaker::{BreakerConfig, DEFAULT_MIN_CALLERS},
+    budget::BudgetConfig,
+    clock::{SystemWallClock, WallClock},
     dependency::Dependency,
-    error::{problem, FailureKind, RetryError, UpstreamFailure},
-    headers::{
-        format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
-        X_REQUEST_ID, X_RETRY_ATTEMPT,
-    },
+    error::{FailureKind, RetryError, UpstreamFailure},
+    headers::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT},
     layer::{CallerKey, IsProtected, RetryLayer},
-    policy::{
-        InvalidRetryConfig, Jitter, RetryParams, RetryPolicy, DEFAULT_ATTEMPT_TIMEOUT,
-        DEFAULT_BASE, DEFAULT_BODY_REPLAY_LIMIT, DEFAULT_CAP, DEFAULT_MAX_RETRIES, DEFAULT_TOTAL,
-        MAX_BODY_REPLAY_LIMIT, MAX_RETRIES_LIMIT, MAX_TOTAL,
-    },
+    policy::{InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
     service::Retry,
 };
 

@@ -9,7 +9,7 @@ use super::policy::Jitter;
 
 /// Largest backoff window for the `n`-th retry (n from 0): `min(cap, base · 2^n)`.
 /// Saturates instead of overflowing for any `n`.
-pub fn full_jitter_ceiling(base: Duration, cap: Duration, n: u32) -> Duration {
+pub(crate) fn full_jitter_ceiling(base: Duration, cap: Duration, n: u32) -> Duration {
     let factor = 1u32.checked_shl(n).filter(|f| n < 32 && *f != 0);
     match factor.and_then(|f| base.checked_mul(f)) {
         Some(window) => window.min(cap),
@@ -18,7 +18,7 @@ pub fn full_jitter_ceiling(base: Duration, cap: Duration, n: u32) -> Duration {
 }
 
 /// One full-jitter draw: uniform in `[0, min(cap, base · 2^n)]`.
-pub fn full_jitter<R: Rng + ?Sized>(
+pub(crate) fn full_jitter<R: Rng + ?Sized>(
     rng: &mut R,
     base: Duration,
     cap: Duration,
@@ -28,7 +28,7 @@ pub fn full_jitter<R: Rng + ?Sized>(
 }
 
 /// One decorrelated-jitter draw: `min(cap, uniform(base, prev · 3))`.
-pub fn decorrelated_jitter<R: Rng + ?Sized>(
+pub(crate) fn decorrelated_jitter<R: Rng + ?Sized>(
     rng: &mut R,
     base: Duration,
     cap: Duration,
@@ -50,7 +50,7 @@ fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration
 
 /// The backoff sequence of one request.
 #[derive(Debug)]
-pub struct Backoff<R> {
+pub(crate) struct Backoff<R> {
     jitter: Jitter,
     base: Duration,
     cap: Duration,
@@ -63,7 +63,7 @@ pub struct Backoff<R> {
 
 impl<R: Rng> Backoff<R> {
     /// A fresh sequence; `rng` is injected so tests can seed it.
-    pub fn new(jitter: Jitter, base: Duration, cap: Duration, rng: R) -> Self {
+    pub(crate) fn new(jitter: Jitter, base: Duration, cap: Duration, rng: R) -> Self {
         Self {
             jitter,
             base,
@@ -75,7 +75,7 @@ impl<R: Rng> Backoff<R> {
     }
 
     /// The sleep before the next retry.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let d = match self.jitter {
             Jitter::Full => full_jitter(&mut self.rng, self.base, self.cap, self.retries),
             Jitter::Decorrelated => {

@@ -2,6 +2,8 @@
 //! circuit breaker opens and later closes through probes.
 
 use super::*;
+use crate::breaker::BreakerState;
+use crate::classify::BreakerOutcome;
 
 #[tokio::test(start_paused = true)]
 async fn budget_bounds_amplification_under_total_failure() {
@@ -80,7 +82,6 @@ async fn breaker_opens_on_sustained_failure_and_closes_after_probes() {
             panic!("expected BreakerOpen, got {err:?}");
         };
         assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(10));
-        assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(err.is_provably_unprocessed());
     }
     assert_eq!(f.upstream.hits(), 20);

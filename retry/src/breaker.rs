@@ -52,20 +52,20 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{classify::BreakerOutcome, window::Ring};
+use super::{classify::BreakerOutcome, metrics::BreakerMetrics, window::Ring};
 
 mod callers;
 mod config;
 
 use self::callers::FailingCallers;
-pub use self::config::{BreakerConfig, DEFAULT_MIN_CALLERS, MAX_MIN_CALLERS};
+pub use self::config::{BreakerConfig, DEFAULT_MIN_CALLERS};
 
 /// `retry_after` reported while no half-open probe slot is free for the caller.
-pub const PROBES_BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const PROBES_BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The three states; the gauge `circuit_breaker_state{dependency}` reports their value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     /// Traffic flows (gauge 0).
     Closed = 0,
     /// A bounded number of probes flows (gauge 1).
@@ -76,14 +76,14 @@ pub enum BreakerState {
 
 /// The circuit breaker of one dependency. Clones share state.
 #[derive(Debug, Clone)]
-pub struct CircuitBreaker {
+pub(crate) struct CircuitBreaker {
     shared: Arc<Shared>,
 }
 
 /// Admission to send one request; record its outcome with [`BreakerPermit::record`].
 #[derive(Debug)]
 #[must_use = "record the request's outcome"]
-pub struct BreakerPermit {
+pub(crate) struct BreakerPermit {
     shared: Arc<Shared>,
     generation: u64,
     caller: u64,
@@ -94,6 +94,7 @@ pub struct BreakerPermit {
 #[derive(Debug)]
 struct Shared {
     name: Arc<str>,
+    metrics: BreakerMetrics,
     config: BreakerConfig,
     inner: Mutex<Inner>,
 }
@@ -129,9 +130,10 @@ struct Counts {
 
 impl CircuitBreaker {
     /// A closed breaker for dependency `name`.
-    pub fn new(name: Arc<str>, config: BreakerConfig) -> Self {
+    pub(crate) fn new(name: Arc<str>, config: BreakerConfig) -> Self {
         let breaker = Self {
             shared: Arc::new(Shared {
+                metrics: BreakerMetrics::new(&name),
                 name,
                 config,
                 inner: Mutex::new(Inner {
@@ -147,20 +149,16 @@ impl CircuitBreaker {
         breaker
     }
 
-    /// The settings.
-    pub fn config(&self) -> &BreakerConfig {
-        &self.shared.config
-    }
-
     /// The current state (an open breaker whose time is up still reads `Open` until the
     /// next request turns it half-open).
-    pub fn state(&self) -> BreakerState {
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> BreakerState {
         self.shared.lock().state.public()
     }
 
     /// Admits one request of `caller` (an opaque key: tenant, client address…), or says
     /// how long until the next probe.
-    pub fn try_acquire(&self, caller: u64) -> Result<BreakerPermit, Duration> {
+    pub(crate) fn try_acquire(&self, caller: u64) -> Result<BreakerPermit, Duration> {
         self.try_acquire_at(caller, Instant::now())
     }
 
@@ -209,18 +207,18 @@ impl CircuitBreaker {
 
 impl BreakerPermit {
     /// Whether this permit is a half-open probe (its request gets one attempt).
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.probe
     }
 
     /// Whether the breaker is still in the state that admitted this permit. A request
     /// whose breaker opened (or turned half-open) meanwhile stops retrying.
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         self.shared.lock().generation == self.generation
     }
 
     /// Records the outcome of the request this permit admitted (of its last attempt).
-    pub fn record(mut self, outcome: BreakerOutcome) {
+    pub(crate) fn record(mut self, outcome: BreakerOutcome) {
         self.done = true;
         self.shared.on_outcome(
             self.generation,
@@ -327,13 +325,11 @@ impl Shared {
     }
 
     fn rejected(&self) {
-        metrics::counter!("circuit_breaker_rejected_total", "dependency" => self.name.to_string())
-            .increment(1);
+        self.metrics.rejected();
     }
 
     fn report(&self, state: BreakerState) {
-        metrics::gauge!("circuit_breaker_state", "dependency" => self.name.to_string())
-            .set(state as u8 as f64);
+        self.metrics.state(state as u8);
     }
 }
 

@@ -1,12 +1,8 @@
 //! `RetryLayer`: configuration shared by every `Retry<S>` it builds.
 
-use std::{
-    fmt,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
-};
+#[cfg(test)]
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::{fmt, sync::Arc};
 
 use rand::{rngs::StdRng, SeedableRng};
 use tower::Layer;
@@ -38,6 +34,7 @@ enum RngSource {
     /// Per request, seeded from the thread-local generator.
     Thread,
     /// Per request, seeded from `seed + n` (reproducible tests).
+    #[cfg(test)]
     Seeded { seed: u64, next: AtomicU64 },
 }
 
@@ -63,8 +60,9 @@ impl RetryLayer {
         }
     }
 
-    /// Makes backoff draws reproducible (tests and benchmarks).
-    pub fn with_rng_seed(self, seed: u64) -> Self {
+    /// Makes backoff draws reproducible (tests).
+    #[cfg(test)]
+    pub(crate) fn with_rng_seed(self, seed: u64) -> Self {
         Self {
             shared: Arc::new(Shared {
                 is_protected: self.shared.is_protected,
@@ -101,6 +99,7 @@ impl Shared {
         match &self.rng {
             RngSource::Thread => StdRng::from_rng(rand::thread_rng())
                 .unwrap_or_else(|_| StdRng::seed_from_u64(rand::random())),
+            #[cfg(test)]
             RngSource::Seeded { seed, next } => {
                 StdRng::seed_from_u64(seed.wrapping_add(next.fetch_add(1, Ordering::Relaxed)))
             }

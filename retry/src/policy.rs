@@ -3,23 +3,23 @@
 use std::{fmt, str::FromStr, time::Duration};
 
 /// Default first backoff window (seed 002 R-1).
-pub const DEFAULT_BASE: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_BASE: Duration = Duration::from_secs(1);
 /// Default backoff cap (seed 002 R-1).
-pub const DEFAULT_CAP: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_CAP: Duration = Duration::from_secs(30);
 /// Default number of retries after the first attempt (seed 002 R-2, synchronous calls).
-pub const DEFAULT_MAX_RETRIES: u32 = 3;
+pub(crate) const DEFAULT_MAX_RETRIES: u32 = 3;
 /// Upper bound of `max_retries` (seed 002 R-2; ARCHITECTURE allows 0 to disable retries).
-pub const MAX_RETRIES_LIMIT: u32 = 5;
+pub(crate) const MAX_RETRIES_LIMIT: u32 = 5;
 /// Default and maximum total duration of a synchronous call (seed 002 R-3).
-pub const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
 /// Maximum total duration of a synchronous call (seed 002 R-3).
-pub const MAX_TOTAL: Duration = Duration::from_secs(30);
+pub(crate) const MAX_TOTAL: Duration = Duration::from_secs(30);
 /// Default size up to which request bodies are buffered for replay.
-pub const DEFAULT_BODY_REPLAY_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_BODY_REPLAY_LIMIT: usize = 64 * 1024;
 /// Largest allowed replay buffer per request.
-pub const MAX_BODY_REPLAY_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_BODY_REPLAY_LIMIT: usize = 16 * 1024 * 1024;
 /// Default time to wait for response headers of one attempt.
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Randomisation of the backoff (seed 002 R-1). Equal jitter and fixed intervals do not
 /// exist here on purpose: they are refused when parsed.
@@ -169,7 +169,7 @@ impl RetryPolicy {
     }
 
     /// Attempts in total (`max_retries + 1`).
-    pub fn max_attempts(&self) -> u32 {
+    pub(crate) fn max_attempts(&self) -> u32 {
         self.params.max_retries + 1
     }
 
@@ -194,12 +194,12 @@ impl RetryPolicy {
     }
 
     /// Bodies up to this size are buffered for replay.
-    pub fn body_replay_limit(&self) -> usize {
+    pub(crate) fn body_replay_limit(&self) -> usize {
         self.params.body_replay_limit
     }
 
     /// Time to wait for response headers of one attempt (before the deadline clamp).
-    pub fn attempt_timeout(&self) -> Duration {
+    pub(crate) fn attempt_timeout(&self) -> Duration {
         self.params.attempt_timeout
     }
 

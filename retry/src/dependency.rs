@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::{
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
+    metrics::DependencyMetrics,
 };
 
 /// One upstream ("dependency" in metrics and logs). Built once per upstream at start-up and
@@ -17,6 +18,7 @@ pub struct Dependency {
     dedupes_idempotency_keys: bool,
     budget: RetryBudget,
     breaker: CircuitBreaker,
+    metrics: DependencyMetrics,
 }
 
 // === impl Dependency ===
@@ -36,6 +38,7 @@ impl Dependency {
         Self {
             budget: RetryBudget::new(name.clone(), budget),
             breaker: CircuitBreaker::new(name.clone(), breaker),
+            metrics: DependencyMetrics::new(&name),
             name,
             endpoints,
             dedupes_idempotency_keys,
@@ -43,27 +46,32 @@ impl Dependency {
     }
 
     /// The upstream's name (the `dependency` label).
-    pub fn name(&self) -> &Arc<str> {
+    pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
 
     /// Number of endpoints; retries avoid the failed one only when there is more than one.
-    pub fn endpoints(&self) -> usize {
+    pub(crate) fn endpoints(&self) -> usize {
         self.endpoints
     }
 
     /// Whether the upstream dedupes on `Idempotency-Key`.
-    pub fn dedupes_idempotency_keys(&self) -> bool {
+    pub(crate) fn dedupes_idempotency_keys(&self) -> bool {
         self.dedupes_idempotency_keys
     }
 
     /// The upstream's retry budget.
-    pub fn budget(&self) -> &RetryBudget {
+    pub(crate) fn budget(&self) -> &RetryBudget {
         &self.budget
     }
 
     /// The upstream's circuit breaker.
-    pub fn breaker(&self) -> &CircuitBreaker {
+    pub(crate) fn breaker(&self) -> &CircuitBreaker {
         &self.breaker
+    }
+
+    /// The request-path metric handles, registered once for this upstream.
+    pub(crate) fn metrics(&self) -> &DependencyMetrics {
+        &self.metrics
     }
 }

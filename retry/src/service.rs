@@ -16,12 +16,14 @@ use super::{
     backoff::Backoff,
     body::Prepared,
     classify::{self, AttemptOutcome, RequestSafety, DNS_MAX_ATTEMPTS},
+    dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{
         format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
         X_REQUEST_ID, X_RETRY_ATTEMPT,
     },
     layer::Shared,
+    metrics::Stop,
     AttemptInfo, RetryTarget, ServedBy,
 };
 
@@ -43,18 +45,6 @@ struct Deadline {
 enum Last<E> {
     Response(Response<Body>),
     Error(RetryError<E>),
-}
-
-/// Why a retryable failure was returned without another attempt.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    Attempts,
-    Dns,
-    Deadline,
-    Body,
-    Budget,
-    Breaker,
-    Probe,
 }
 
 // === impl Retry ===
@@ -111,7 +101,7 @@ where
         // No policy: one attempt, no buffering, no timeout, no headers.
         return svc.call(req).await.map_err(RetryError::Upstream);
     };
-    let name = dep.name().to_string();
+    let name = dep.name().clone();
     let incoming = req.headers().get(X_REQUEST_DEADLINE);
     let Some(deadline) =
         Deadline::new(Instant::now(), shared.clock.now(), policy.total(), incoming)
@@ -150,7 +140,7 @@ where
     let mut backoff = Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng());
 
     dep.budget().deposit();
-    metrics::counter!("upstream_requests_total", "dependency" => name.clone()).increment(1);
+    dep.metrics().request();
 
     let mut attempt: u32 = 1;
     let mut avoid_endpoint = None;
@@ -168,7 +158,7 @@ where
         let limit = policy
             .attempt_timeout()
             .min(deadline.at.saturating_duration_since(Instant::now()));
-        metrics::counter!("upstream_attempts_total", "dependency" => name.clone()).increment(1);
+        dep.metrics().attempt();
 
         let (outcome, last) = match timeout(limit, send(&mut svc, attempt == 1, req)).await {
             Ok(Ok(rsp)) => (AttemptOutcome::Status(rsp.status()), Last::Response(rsp)),
@@ -215,7 +205,7 @@ where
             None
         };
         if let Some(stop) = stop {
-            stop.report(&name, attempt, &error_type, &correlation_id);
+            report(stop, &dep, attempt, &error_type, &correlation_id);
             permit.record(health);
             return last.into_result();
         }
@@ -234,12 +224,7 @@ where
             rung = ?rung,
             "retrying upstream request"
         );
-        metrics::counter!(
-            "retry_attempts_total",
-            "dependency" => name.clone(),
-            "attempt_number" => attempt.to_string()
-        )
-        .increment(1);
+        dep.metrics().retry(attempt);
         metrics::histogram!("retry_backoff_duration_seconds").record(wait.as_secs_f64());
 
         let endpoint = last.endpoint();
@@ -336,43 +321,20 @@ impl<E: UpstreamFailure> Last<E> {
     }
 }
 
-// === impl Stop ===
+// === fn report ===
 
-impl Stop {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Attempts => "attempts_exhausted",
-            Self::Dns => "dns_attempts_exhausted",
-            Self::Deadline => "deadline",
-            Self::Body => "body_not_replayable",
-            Self::Budget => "budget_exhausted",
-            Self::Breaker => "breaker_open",
-            Self::Probe => "half_open_probe",
-        }
-    }
-
-    /// Logs and counts a retryable failure returned without another attempt.
-    /// `retry_exhausted_total` counts the ones the policy's limits stopped (attempts,
-    /// DNS attempts, deadline); the budget counts its own (`retry_budget_exhausted_total`)
-    /// and every reason is in `retry_suppressed_total{dependency,reason}`.
-    fn report(self, name: &str, attempt: u32, error_type: &str, correlation_id: &str) {
-        tracing::debug!(
-            correlation_id,
-            dependency = name,
-            attempt,
-            error_type,
-            reason = self.as_str(),
-            "not retrying upstream failure"
-        );
-        if matches!(self, Self::Attempts | Self::Dns | Self::Deadline) {
-            metrics::counter!("retry_exhausted_total", "dependency" => name.to_owned())
-                .increment(1);
-        }
-        metrics::counter!(
-            "retry_suppressed_total",
-            "dependency" => name.to_owned(),
-            "reason" => self.as_str()
-        )
-        .increment(1);
-    }
+/// Logs and counts a retryable failure returned without another attempt.
+/// `retry_exhausted_total` counts the ones the policy's limits stopped (attempts,
+/// DNS attempts, deadline); the budget counts its own (`retry_budget_exhausted_total`)
+/// and every reason is in `retry_suppressed_total{dependency,reason}`.
+fn report(stop: Stop, dep: &Dependency, attempt: u32, error_type: &str, correlation_id: &str) {
+    tracing::debug!(
+        correlation_id,
+        dependency = &**dep.name(),
+        attempt,
+        error_type,
+        reason = stop.as_str(),
+        "not retrying upstream failure"
+    );
+    dep.metrics().suppressed(stop);
 }

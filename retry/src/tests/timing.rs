@@ -115,7 +115,6 @@ async fn passed_deadline_fails_without_calling_upstream() {
     let err = f.send(req).await.expect_err("deadline");
     assert!(matches!(err, RetryError::DeadlineExceeded));
     assert!(err.is_provably_unprocessed());
-    assert_eq!(err.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(f.upstream.hits(), 0);
 }
 
@@ -170,7 +169,6 @@ async fn attempt_timeout_on_a_bare_post_is_returned_as_ambiguous() {
         .expect_err("timeout");
     assert!(matches!(err, RetryError::AttemptTimeout { after } if after == Duration::from_secs(2)));
     assert!(!err.is_provably_unprocessed());
-    assert_eq!(err.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(f.upstream.hits(), 1);
 }
 

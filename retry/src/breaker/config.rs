@@ -20,7 +20,7 @@ pub const DEFAULT_MIN_CALLERS: u32 = 3;
 /// Largest allowed [`BreakerConfig::min_callers`]: the attribution tables track 32 callers
 /// per bucket, and setting aside more than 9 of them would make their estimation error
 /// (see `callers.rs`) matter.
-pub const MAX_MIN_CALLERS: u32 = 10;
+pub(super) const MAX_MIN_CALLERS: u32 = 10;
 
 // === impl BreakerConfig ===
 
@@ -74,29 +74,29 @@ impl BreakerConfig {
     }
 
     /// Failure share that opens the breaker.
-    pub fn failure_rate(&self) -> f64 {
+    pub(crate) fn failure_rate(&self) -> f64 {
         self.failure_rate
     }
     /// Requests needed in the window before the rate is judged.
-    pub fn min_requests(&self) -> u32 {
+    pub(crate) fn min_requests(&self) -> u32 {
         self.min_requests
     }
     /// Rolling window of the failure rate.
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.window
     }
     /// How long the breaker stays open before probing.
-    pub fn open_for(&self) -> Duration {
+    pub(crate) fn open_for(&self) -> Duration {
         self.open_for
     }
     /// Concurrent probes in half-open, and successes needed to close.
-    pub fn half_open_probes(&self) -> u32 {
+    pub(crate) fn half_open_probes(&self) -> u32 {
         self.half_open_probes
     }
     /// Distinct callers whose failed requests it takes to open the breaker (and to reopen
     /// it from half-open): the failure rate is judged without the failures of the
     /// `min_callers - 1` callers with the most. 1 turns attribution off.
-    pub fn min_callers(&self) -> u32 {
+    pub(crate) fn min_callers(&self) -> u32 {
         self.min_callers
     }
 }

@@ -17,7 +17,7 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// Parses an RFC 3339 timestamp; `None` when it is not one.
-pub fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
+pub(crate) fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
     let s = value.to_str().ok()?;
     DateTime::parse_from_rfc3339(s.trim())
         .ok()
@@ -26,7 +26,7 @@ pub fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
 
 /// Formats `at` as RFC 3339 UTC with milliseconds (`2026-03-06T12:00:00.800Z`), truncating
 /// so the forwarded deadline is never later than the real one.
-pub fn format_deadline(at: SystemTime) -> HeaderValue {
+pub(crate) fn format_deadline(at: SystemTime) -> HeaderValue {
     let s = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true);
     // RFC 3339 output is ASCII, so this cannot fail; fall back to the static epoch anyway.
     HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("1970-01-01T00:00:00.000Z"))
@@ -35,7 +35,7 @@ pub fn format_deadline(at: SystemTime) -> HeaderValue {
 /// Parses `Retry-After` (RFC 9110 §10.2.3) leniently: delta-seconds or an HTTP-date, with
 /// surrounding whitespace. A date in the past is a zero wait; anything else is `None`.
 /// Absurdly large delta-seconds saturate (and then exceed any deadline).
-pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     let s = value.to_str().ok()?.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return Some(Duration::from_secs(s.parse::<u64>().unwrap_or(u64::MAX)));

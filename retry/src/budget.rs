@@ -18,16 +18,16 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{policy::InvalidRetryConfig, window::Ring};
+use super::{metrics::BudgetMetrics, policy::InvalidRetryConfig, window::Ring};
 
 /// Default share of requests that may be retries (seed 002 R-7).
-pub const DEFAULT_BUDGET_PERCENT: u32 = 20;
+pub(crate) const DEFAULT_BUDGET_PERCENT: u32 = 20;
 /// Largest allowed share (ARCHITECTURE: 0–50 %).
-pub const MAX_BUDGET_PERCENT: u32 = 50;
+pub(crate) const MAX_BUDGET_PERCENT: u32 = 50;
 /// Default rolling window (seed 002 R-7).
-pub const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(30);
 /// Default floor of retries per second allowed whatever the traffic.
-pub const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 1;
+pub(crate) const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 1;
 
 /// Validated retry-budget settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,19 +39,19 @@ pub struct BudgetConfig {
 
 /// A point-in-time view of a budget, for tests and the admin API.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BudgetSnapshot {
+pub(crate) struct BudgetSnapshot {
     /// Original requests in the window.
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Retries in the window.
-    pub retries: u64,
+    pub(crate) retries: u64,
     /// Retries the window allows in total.
-    pub allowed: f64,
+    pub(crate) allowed: f64,
 }
 
 /// The retry budget of one dependency; cheap to share (`&self` methods).
 #[derive(Debug)]
-pub struct RetryBudget {
-    name: Arc<str>,
+pub(crate) struct RetryBudget {
+    metrics: BudgetMetrics,
     config: BudgetConfig,
     ring: Mutex<Ring<Slot>>,
 }
@@ -110,7 +110,8 @@ impl BudgetConfig {
     }
 
     /// Retries per second allowed whatever the traffic.
-    pub fn min_retries_per_second(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn min_retries_per_second(&self) -> u32 {
         self.min_retries_per_second
     }
 
@@ -135,32 +136,28 @@ impl Default for BudgetConfig {
 
 impl RetryBudget {
     /// An empty budget for dependency `name`.
-    pub fn new(name: Arc<str>, config: BudgetConfig) -> Self {
+    pub(crate) fn new(name: Arc<str>, config: BudgetConfig) -> Self {
         Self {
-            name,
+            metrics: BudgetMetrics::new(&name),
             ring: Mutex::new(Ring::new(config.window)),
             config,
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &BudgetConfig {
-        &self.config
-    }
-
     /// Records one original request.
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         self.deposit_at(Instant::now());
     }
 
     /// Takes one retry from the budget; `false` (and counted as
     /// `retry_budget_exhausted_total`) when the budget is spent.
-    pub fn try_withdraw(&self) -> bool {
+    pub(crate) fn try_withdraw(&self) -> bool {
         self.try_withdraw_at(Instant::now())
     }
 
     /// Current state of the window.
-    pub fn snapshot(&self) -> BudgetSnapshot {
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> BudgetSnapshot {
         let mut ring = self.lock();
         snapshot(&self.config, &mut ring, Instant::now())
     }
@@ -185,8 +182,7 @@ impl RetryBudget {
             (ok, snapshot(&self.config, &mut ring, now))
         };
         if !ok {
-            metrics::counter!("retry_budget_exhausted_total", "dependency" => self.name.to_string())
-                .increment(1);
+            self.metrics.exhausted();
         }
         self.report(snap);
         ok
@@ -198,8 +194,7 @@ impl RetryBudget {
         } else {
             1.0
         };
-        metrics::gauge!("retry_budget_utilization_ratio", "dependency" => self.name.to_string())
-            .set(ratio);
+        self.metrics.utilization(ratio);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring<Slot>> {

@@ -1,0 +1,64 @@
+//! Wall-clock time, injected. The retry layer needs it only at the edges: to read an
+//! incoming `X-Request-Deadline`, to forward the deadline, and to turn a `Retry-After`
+//! HTTP-date into a wait. Everything else runs on `tokio::time::Instant`.
+
+use std::time::SystemTime;
+
+#[cfg(test)]
+pub(crate) use self::manual::ManualWallClock;
+
+/// A source of wall-clock time.
+pub trait WallClock: Send + Sync + 'static {
+    /// The current wall-clock time.
+    fn now(&self) -> SystemTime;
+}
+
+/// The real clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemWallClock;
+
+// === impl SystemWallClock ===
+
+impl WallClock for SystemWallClock {
+    // The one place in this module that reads the system clock (clippy.toml bans it
+    // elsewhere).
+    #[allow(clippy::disallowed_methods)]
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// The test clock: tests pin the wall clock to a known instant.
+#[cfg(test)]
+mod manual {
+    use std::time::SystemTime;
+
+    use tokio::time::Instant;
+
+    use super::WallClock;
+
+    /// A clock for tests: starts at a chosen time and follows tokio's (pausable) clock.
+    #[derive(Debug)]
+    pub(crate) struct ManualWallClock {
+        start: SystemTime,
+        anchor: Instant,
+    }
+
+    // === impl ManualWallClock ===
+
+    impl ManualWallClock {
+        /// A clock reading `start` now; it then advances with `tokio::time`.
+        pub(crate) fn new(start: SystemTime) -> Self {
+            Self {
+                start,
+                anchor: Instant::now(),
+            }
+        }
+    }
+
+    impl WallClock for ManualWallClock {
+        fn now(&self) -> SystemTime {
+            self.start + Instant::now().saturating_duration_since(self.anchor)
+        }
+    }
+}
