@@ -17,7 +17,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures_util::FutureExt;
-use portcullis_gateway::smuggling::FramingGuard;
+use portcullis_gateway::edge::framing::FramingGuard;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 const REQUESTS: usize = 64;
@@ -69,7 +69,7 @@ fn bench(c: &mut Criterion) {
             let read = drain(FramingGuard::new(
                 black_box(&bytes[..]),
                 64 * 1024,
-                portcullis_gateway::server::Activity::new(),
+                portcullis_gateway::edge::listener::Activity::new(),
             ));
             assert_eq!(read, bytes.len());
             read

@@ -15,37 +15,21 @@
 //! # Ok(()) }
 //! ```
 
-pub mod body_timeout;
 pub mod config;
-pub mod demo_upstream;
-pub mod forwarded;
-pub(crate) mod hop_by_hop;
-pub mod idempotency;
-pub mod limits;
-pub mod metrics;
-pub mod ops;
-pub mod problem;
-pub mod proxy;
-pub mod ratelimit;
-pub mod request_id;
-pub mod rescue;
-pub mod router;
-pub mod server;
-pub mod shed;
-pub mod smuggling;
+pub mod edge;
+pub mod pipeline;
 pub mod stack;
-mod target;
-pub mod tenant;
 pub mod tls;
+pub mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{Config, IdempotencyBackend, StateBackend};
-use crate::ops::Health;
-use crate::proxy::Upstream;
-use crate::server::ServeOptions;
+use crate::edge::listener::ServeOptions;
+use crate::edge::ops::Health;
+use crate::upstream::proxy::Upstream;
 use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
 use portcullis_retry::Dependency;
 
@@ -68,7 +52,7 @@ pub enum StartError {
     },
     /// The idempotency store could not be built.
     #[error(transparent)]
-    Idempotency(#[from] idempotency::IdempotencyStoreError),
+    Idempotency(#[from] pipeline::idempotency::IdempotencyStoreError),
     /// The rate limiter could not be built.
     #[error("storage.state: {0}")]
     RateLimit(#[from] portcullis_ratelimit::LimiterError),
@@ -91,15 +75,15 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let metrics = metrics::install();
+    let metrics = pipeline::metrics::install();
     let db = match &config.storage.database {
         config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await?,
         config::DatabaseBackend::Postgres(url) => Database::postgres(url).await?,
     };
     db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
     let directory = Arc::new(Directory::open(&db).await?);
-    let idempotency_store = idempotency::build_store(&config).await?;
-    let limiter = ratelimit::build_limiter(&config)?;
+    let idempotency_store = pipeline::idempotency::build_store(&config).await?;
+    let limiter = pipeline::ratelimit::build_limiter(&config)?;
 
     let mut redis_clients = Vec::new();
     if let StateBackend::Redis(url) = &config.storage.state {
@@ -115,7 +99,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if config.demo.enabled {
         let mut rx = stop_rx.clone();
-        demo_upstream::serve(config.demo.listen, async move {
+        upstream::demo::serve(config.demo.listen, async move {
             let _ = rx.wait_for(|stop| *stop).await;
         })
         .await
@@ -181,7 +165,7 @@ pub async fn run(
         admin_directory,
         admin_idempotency,
         limiter,
-        ops::router(health.clone(), metrics),
+        edge::ops::router(health.clone(), metrics),
     );
     let mut admin_rx = stop_rx.clone();
     let admin = tokio::spawn(async move {
@@ -191,16 +175,16 @@ pub async fn run(
         // The same accept loop as the proxy listener, so the admin listener gets TLS (its
         // own certificate), HTTP/2 and the same slow-client bounds.
         // Refusals from the connection guard are answered here too.
-        let admin_service = server::HttpService::new(
+        let admin_service = edge::listener::HttpService::new(
             tower::ServiceBuilder::new()
-                .layer(smuggling::SmugglingLayer)
+                .layer(edge::framing::SmugglingLayer)
                 .service(admin_app),
         );
-        server::serve(admin_listener, admin_service, admin_options, stopped).await;
+        edge::listener::serve(admin_listener, admin_service, admin_options, stopped).await;
     });
 
     let drain_health = health.clone();
-    server::serve(listener, service, options, async move {
+    edge::listener::serve(listener, service, options, async move {
         shutdown.await;
         tracing::info!("shutdown requested");
         drain_health.start_draining();

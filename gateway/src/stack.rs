@@ -7,17 +7,17 @@ use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
 
 use crate::config::Config;
-use crate::forwarded::TrustedProxies;
-use crate::limits::LimitsLayer;
-use crate::metrics::ObserveLayer;
-use crate::ops::{Health, HealthRoutesLayer};
-use crate::proxy::{Proxy, Upstream};
-use crate::request_id::RequestIdLayer;
-use crate::rescue::RescueLayer;
-use crate::router::{RouteLayer, RouteTable};
-use crate::server::HttpService;
-use crate::shed::LoadShedLayer;
-use crate::tenant::TenantLayer;
+use crate::edge::limits::LimitsLayer;
+use crate::edge::listener::HttpService;
+use crate::edge::ops::{Health, HealthRoutesLayer};
+use crate::edge::request_id::RequestIdLayer;
+use crate::pipeline::metrics::ObserveLayer;
+use crate::pipeline::rescue::RescueLayer;
+use crate::pipeline::router::{RouteLayer, RouteTable};
+use crate::pipeline::shed::LoadShedLayer;
+use crate::pipeline::tenant::TenantLayer;
+use crate::upstream::forwarded::TrustedProxies;
+use crate::upstream::proxy::{Proxy, Upstream};
 use portcullis_control::Directory;
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
@@ -44,9 +44,9 @@ pub struct StackParts {
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
     let pipeline = ServiceBuilder::new()
-        .layer(crate::smuggling::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
+        .layer(crate::edge::framing::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
-        .map_request(crate::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
+        .map_request(crate::edge::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
         .layer(ObserveLayer) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
         .layer(RequestIdLayer) // X-Request-Id in and out
         .layer(LimitsLayer::new(
@@ -54,7 +54,7 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             config.server.max_header_bytes,
             config.server.body_read_timeout,
         )) // 413 / 431 / 408 for a body that does not arrive in time
-        .layer(crate::target::TargetLayer) // path normalised in place (nginx rules), Host / :authority checked → 400
+        .layer(crate::edge::target::TargetLayer) // path normalised in place (nginx rules), Host / :authority checked → 400
         .layer(RouteLayer::new(RouteTable::new(
             &config.routes,
             &parts.dependencies,
@@ -62,17 +62,20 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
         .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
         .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
         .layer(
-            RateLimitLayer::new(parts.limiter.clone(), crate::ratelimit::extractor(config))
-                .with_observer(crate::tenant::count_rate_limited),
+            RateLimitLayer::new(
+                parts.limiter.clone(),
+                crate::pipeline::ratelimit::extractor(config),
+            )
+            .with_observer(crate::pipeline::tenant::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
-            crate::idempotency::extractor(config),
+            crate::pipeline::idempotency::extractor(config),
         )) // keyed POST/PATCH: lock, replay, 409/422
         .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
         .layer(RetryLayer::new(
             |ext| ext.get::<IdempotencyLock>().is_some(),
-            crate::tenant::caller_key, // the breaker attributes failures to callers
+            crate::pipeline::tenant::caller_key, // the breaker attributes failures to callers
             Arc::new(SystemWallClock),
         )) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt

@@ -369,7 +369,7 @@ fn routes(
                 );
             } else {
                 // Requests are matched in normal form; a prefix in another form never matches.
-                match crate::target::normalize_path(&r.prefix) {
+                match crate::edge::target::normalize_path(&r.prefix) {
                     Ok(std::borrow::Cow::Borrowed(_)) => {}
                     Ok(normal) => issues.push(
                         format!("{path}.prefix"),

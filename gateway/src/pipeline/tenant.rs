@@ -26,8 +26,8 @@ use portcullis_ratelimit::Rejection;
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service};
 
-use crate::forwarded::{ClientIp, PeerAddr, TrustedProxies};
-use crate::problem::Problem;
+use crate::upstream::forwarded::{ClientIp, PeerAddr, TrustedProxies};
+use portcullis_problem::Problem;
 
 /// Header carrying an API key.
 pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");

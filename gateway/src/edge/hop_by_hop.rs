@@ -159,9 +159,9 @@ mod tests {
     #[test]
     fn protected_names_match_the_modules_that_own_them() {
         for name in [
-            &crate::tenant::X_PORTCULLIS_TENANT,
-            &crate::tenant::X_API_KEY,
-            &crate::request_id::X_REQUEST_ID,
+            &crate::pipeline::tenant::X_PORTCULLIS_TENANT,
+            &crate::pipeline::tenant::X_API_KEY,
+            &crate::edge::request_id::X_REQUEST_ID,
             &portcullis_idempotency::key::IDEMPOTENCY_KEY,
         ] {
             assert!(PROTECTED.contains(name), "{name}");

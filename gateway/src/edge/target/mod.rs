@@ -41,8 +41,8 @@ use tower::{Layer, Service};
 
 use self::host::HostError;
 use self::path::PathError;
-use crate::forwarded::PeerAddr;
-use crate::problem::Problem;
+use crate::upstream::forwarded::PeerAddr;
+use portcullis_problem::Problem;
 
 /// Why a request target is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,6 @@
 use super::linger::{LINGERING_TIME, LINGERING_TIMEOUT};
 use super::*;
-use crate::server::Activity;
+use crate::edge::listener::Activity;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -112,7 +112,7 @@ async fn a_stream_ending_mid_head_is_handed_over_as_it_is() {
 
 #[tokio::test(start_paused = true)]
 async fn heads_arriving_in_part_are_reported_to_the_watchdog() {
-    use crate::server::activity::{Expiry, Timeouts};
+    use crate::edge::listener::activity::{Expiry, Timeouts};
     let timeouts = Timeouts {
         header_read: std::time::Duration::from_secs(10),
         keep_alive: std::time::Duration::from_secs(75),

@@ -12,8 +12,8 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::config::RouteSettings;
-use crate::metrics::RouteMetrics;
-use crate::problem::Problem;
+use crate::pipeline::metrics::RouteMetrics;
+use portcullis_problem::Problem;
 use portcullis_retry::{Dependency, RetryTarget};
 
 /// A configured route.

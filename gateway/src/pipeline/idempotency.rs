@@ -15,9 +15,9 @@ use portcullis_idempotency::{
 };
 
 use crate::config::{Config, IdempotencyBackend, InFlightMode};
-use crate::forwarded::ClientIp;
-use crate::router::MatchedRoute;
-use crate::tenant::Caller;
+use crate::pipeline::router::MatchedRoute;
+use crate::pipeline::tenant::Caller;
+use crate::upstream::forwarded::ClientIp;
 
 /// How often the memory store drops expired records.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);

@@ -56,7 +56,7 @@ mod tests {
     use hyper_util::rt::TokioExecutor;
 
     use super::*;
-    use crate::proxy::{ProxyError, ProxyErrorKind};
+    use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
 
     /// The error hyper-util's client returns for `uri` through `connector`.
     async fn failure<R>(

@@ -16,7 +16,7 @@ use tower::ServiceExt;
 
 use super::activity::{Activity, InFlight};
 use super::{ClientTls, HttpService};
-use crate::forwarded::PeerAddr;
+use crate::upstream::forwarded::PeerAddr;
 
 /// hyper's service for one connection.
 #[derive(Clone)]

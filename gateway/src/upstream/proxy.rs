@@ -1,5 +1,5 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
-//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see [`crate::hop_by_hop`]:
+//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see [`crate::edge::hop_by_hop`]:
 //! the client's at the edge, the upstream's here), `X-Forwarded-*` set.
 //! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
 //! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
@@ -24,10 +24,10 @@ use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
 use crate::config::UpstreamSettings;
-use crate::forwarded::{PeerAddr, TrustedProxies};
-use crate::hop_by_hop;
-use crate::router::MatchedRoute;
-use crate::server::ClientTls;
+use crate::edge::hop_by_hop;
+use crate::edge::listener::ClientTls;
+use crate::pipeline::router::MatchedRoute;
+use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
 use portcullis_retry::{AttemptInfo, ServedBy};
 
 mod client_body;

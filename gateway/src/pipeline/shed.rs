@@ -15,7 +15,7 @@ use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
-use crate::problem::Problem;
+use portcullis_problem::Problem;
 
 /// What a shed client is told to wait: long enough to spread a herd, short enough to be useful.
 pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);

@@ -67,7 +67,7 @@ use self::service::ConnectionService;
 use self::sniff::{sniff, Protocol, Rewind};
 use self::watched::Watched;
 use crate::config::Http2Settings;
-use crate::smuggling::FramingGuard;
+use crate::edge::framing::FramingGuard;
 use crate::tls::ALPN_H2;
 
 /// How long a connection accepted at the cap waits for a reclaimed idle one to free a slot.

@@ -14,8 +14,8 @@ use tower::{Layer, Service};
 
 use super::head::Refusal;
 use super::REFUSAL_HEADER;
-use crate::forwarded::PeerAddr;
-use crate::problem::Problem;
+use crate::upstream::forwarded::PeerAddr;
+use portcullis_problem::Problem;
 
 /// Refuses requests with conflicting framing headers.
 #[derive(Debug, Clone, Copy, Default)]

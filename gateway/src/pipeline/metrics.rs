@@ -12,7 +12,7 @@ use http::{Request, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower::{Layer, Service};
 
-use crate::router::MatchedRoute;
+use crate::pipeline::router::MatchedRoute;
 
 /// Latency buckets in seconds: 100 µs to 30 s (the longest synchronous retry budget).
 const LATENCY_BUCKETS: &[f64] = &[

@@ -20,9 +20,9 @@ use portcullis_ratelimit::{
 };
 
 use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
-use crate::forwarded::ClientIp;
-use crate::router::MatchedRoute;
-use crate::tenant::Caller;
+use crate::pipeline::router::MatchedRoute;
+use crate::pipeline::tenant::Caller;
+use crate::upstream::forwarded::ClientIp;
 
 /// Builds the configured limiter. Redis is wrapped in the fallback that applies
 /// `rate_limit.on_store_error` when Redis fails or is slow.

@@ -81,7 +81,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::activity::{Expiry, Timeouts};
+    use crate::edge::listener::activity::{Expiry, Timeouts};
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 

@@ -9,9 +9,9 @@ use futures_util::future::{BoxFuture, FutureExt};
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use crate::problem::Problem;
-use crate::proxy::{ProxyError, ProxyErrorKind};
+use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
 use portcullis_idempotency::NotForwarded;
+use portcullis_problem::Problem;
 use portcullis_retry::RetryError;
 
 /// Errors that know which problem they are.
@@ -68,9 +68,9 @@ impl IntoProblem for RetryError<ProxyError> {
                 "the upstream is failing and its circuit breaker is open; the request was not sent. Retry after the indicated delay with backoff and jitter",
             )
             .retry_after(*retry_after),
-            RetryError::RequestBody(err) => match crate::limits::body_too_large(err) {
+            RetryError::RequestBody(err) => match crate::edge::limits::body_too_large(err) {
                 Some(too_large) => Problem::body_too_large(too_large.limit),
-                None if crate::body_timeout::is_body_timeout(err) => Problem::new(
+                None if crate::edge::body_timeout::is_body_timeout(err) => Problem::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "body-timeout",
                     "Request body timed out",
@@ -335,7 +335,7 @@ mod tests {
                 true,
             ),
             (
-                RetryError::RequestBody(axum::Error::new(crate::body_timeout::BodyTimeout(
+                RetryError::RequestBody(axum::Error::new(crate::edge::body_timeout::BodyTimeout(
                     Duration::from_secs(10),
                 ))),
                 408,
@@ -356,7 +356,7 @@ mod tests {
             assert_eq!(json["status"], code, "{what}");
             assert_eq!(
                 json["type"],
-                format!("{}{slug}", crate::problem::TYPE_BASE),
+                format!("{}{slug}", portcullis_problem::TYPE_BASE),
                 "{what}"
             );
             assert!(

@@ -11,8 +11,8 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Layer, Service};
 
-use crate::body_timeout::TimeoutBody;
-use crate::problem::Problem;
+use crate::edge::body_timeout::TimeoutBody;
+use portcullis_problem::Problem;
 
 /// Enforces `server.max_body_bytes` and `server.max_header_bytes`.
 #[derive(Debug, Clone, Copy)]

@@ -1,8 +1,8 @@
 //! How one upstream attempt failed, precisely enough for the retry layer's safety ladder.
 
 use super::resolver::DnsError;
-use crate::body_timeout::is_body_timeout;
-use crate::limits::body_too_large;
+use crate::edge::body_timeout::is_body_timeout;
+use crate::edge::limits::body_too_large;
 use crate::tls::{certificate_failure, TlsConnectError};
 use portcullis_retry::{FailureKind, UpstreamFailure};
 

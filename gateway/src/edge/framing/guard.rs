@@ -56,7 +56,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::chunked::{ChunkTracker, Progress};
 use super::head::{self, BodyFraming, HeadVerdict, Refusal};
 use super::REFUSAL_HEADER;
-use crate::server::Activity;
+use crate::edge::listener::Activity;
 
 /// Wraps a client connection that hyper serves as HTTP/1.x.
 #[derive(Debug)]

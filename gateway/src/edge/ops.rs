@@ -13,8 +13,8 @@ use axum::Router;
 use http::{Response, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::problem::Problem;
 use portcullis_control::Database;
+use portcullis_problem::Problem;
 
 /// Each readiness check must answer within this.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);

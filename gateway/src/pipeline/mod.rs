@@ -1,0 +1,14 @@
+//! The request pipeline, in order: observe (metrics and access log), route match, tenant
+//! resolution, load shedding, rate limiting and idempotency (the concern crates, wired to
+//! the gateway's configuration here), then rescue, which turns every upstream-side error
+//! into problem+json before the retry layer and the proxy.
+//!
+//! The order itself is assembled, with a comment per layer, in [`crate::stack`].
+
+pub mod idempotency;
+pub mod metrics;
+pub mod ratelimit;
+pub mod rescue;
+pub mod router;
+pub mod shed;
+pub mod tenant;

@@ -1,0 +1,7 @@
+//! The upstream side: the pooled client that sends one attempt ([`proxy`], with its
+//! connector, DNS resolver and error classification), the headers the gateway sends about
+//! the client ([`forwarded`]), and the built-in demo upstream ([`demo`]).
+
+pub mod demo;
+pub mod forwarded;
+pub mod proxy;
