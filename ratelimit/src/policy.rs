@@ -60,7 +60,6 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::limiter::FailMode;
 use crate::metrics::PolicyMetrics;
 use crate::period::{Period, DAY_SECS};
 
@@ -74,6 +73,16 @@ const MAX_REFILL_MICROS: u128 = 1 << 48;
 /// Largest calendar quota: 2^48 units per window (2.8 × 10¹⁴). The Redis script counts in
 /// Lua doubles, exact below 2^53 even after adding a request's cost.
 pub const MAX_QUOTA: u64 = 1 << 48;
+
+/// What to do with a request when the shared store cannot decide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Decide locally with this replica's share of the limit (`fail_open`).
+    #[default]
+    Open,
+    /// Refuse with 503 + `Retry-After` (`fail_closed`).
+    Closed,
+}
 
 /// A validated rate-limit policy.
 ///

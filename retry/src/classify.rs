@@ -75,14 +75,7 @@ pub(crate) enum BreakerOutcome {
 
 /// Failures that prove the request never reached the backend.
 pub(crate) fn is_provably_unprocessed(kind: FailureKind) -> bool {
-    matches!(
-        kind,
-        FailureKind::ConnectRefused
-            | FailureKind::ConnectTimeout
-            | FailureKind::Dns
-            | FailureKind::ResetBeforeSent
-            | FailureKind::TlsHandshakeTimeout
-    )
+    kind.proves_unprocessed()
 }
 
 /// Methods that are idempotent by definition (seed 002 R-6).

@@ -27,6 +27,20 @@ pub enum FailureKind {
     Other,
 }
 
+impl FailureKind {
+    /// Does this failure prove the request never reached the backend?
+    pub(crate) fn proves_unprocessed(self) -> bool {
+        matches!(
+            self,
+            FailureKind::ConnectRefused
+                | FailureKind::ConnectTimeout
+                | FailureKind::Dns
+                | FailureKind::ResetBeforeSent
+                | FailureKind::TlsHandshakeTimeout
+        )
+    }
+}
+
 /// Implemented by the upstream client's error type so the retry layer can classify it
 /// without knowing the client.
 pub trait UpstreamFailure: std::error::Error + Send + Sync + 'static {
@@ -86,8 +100,7 @@ impl<E: UpstreamFailure> RetryError<E> {
             // A rejected certificate ends the handshake before any request byte: never
             // retried (it may be an attack), but the idempotency key can be released.
             Self::Upstream(e) => {
-                super::classify::is_provably_unprocessed(e.kind())
-                    || matches!(e.kind(), FailureKind::TlsCertificate)
+                e.kind().proves_unprocessed() || matches!(e.kind(), FailureKind::TlsCertificate)
             }
             Self::AttemptTimeout { .. } => false,
             Self::DeadlineExceeded | Self::BreakerOpen { .. } | Self::RequestBody(_) => true,

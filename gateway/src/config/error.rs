@@ -85,6 +85,28 @@ impl Issues {
         }
     }
 
+    /// The same for a duration, written back as the config spells durations (`"250ms"`).
+    pub(crate) fn duration_range(
+        &mut self,
+        path: &str,
+        value: std::time::Duration,
+        lo: std::time::Duration,
+        hi: std::time::Duration,
+    ) {
+        use super::duration::HumanDuration;
+        if value < lo || value > hi {
+            self.push(
+                path,
+                format!(
+                    "= {}: allowed {}..={}",
+                    HumanDuration(value),
+                    HumanDuration(lo),
+                    HumanDuration(hi)
+                ),
+            );
+        }
+    }
+
     pub(crate) fn finish(self) -> Result<(), ConfigError> {
         if self.0.is_empty() {
             Ok(())

@@ -24,7 +24,8 @@ pub use duration::HumanDuration;
 pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
-pub use tls::{Http2Settings, UpstreamTls, DEFAULT_TLS_HANDSHAKE_TIMEOUT};
+pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
+pub use tls::{Http2Settings, UpstreamTls};
 
 /// Environment variable holding the admin API bearer token.
 pub use portcullis_control::ENV_ADMIN_TOKEN;

@@ -8,69 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::ServerName;
-use serde::{Deserialize, Serialize};
 
-use super::duration::HumanDuration;
 use super::error::Issues;
-use super::raw::{RawServer, RawUpstream, DEFAULT_MAX_HEADER_BYTES};
-use super::validate::duration_range;
+use super::raw::{RawListenerTls, RawServer, RawUpstream, RawUpstreamTls};
 use crate::tls::{self, ClientIdentity, PemRole, ReloadableCert, TlsError};
-
-/// Default bound on an upstream TLS handshake (after TCP connect, which `connect_timeout`
-/// bounds). Retryable when it fires: no request byte was sent.
-pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: HumanDuration = HumanDuration::secs(3);
-
-/// `[server.tls]` or `[server.admin_tls]`: a PEM certificate chain (leaf first) and its key.
-/// Relative paths are relative to the working directory.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawListenerTls {
-    /// Certificate chain file (PEM).
-    pub cert: String,
-    /// Private key file (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub key: String,
-}
-
-/// `[server.http2]`: limits of HTTP/2 connections from clients (h2 over TLS and h2c).
-/// The names are the HTTP/2 SETTINGS they are advertised as (and Envoy's).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawHttp2 {
-    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams one connection may have open (1–10000).
-    pub max_concurrent_streams: u32,
-    /// SETTINGS_MAX_HEADER_LIST_SIZE in bytes (name + value + 32 per field; 1 KiB–1 MiB).
-    /// Keep it above `server.max_header_bytes` so the gateway's own 431 problem answers first.
-    pub max_header_list_size: u32,
-    /// SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window in bytes (65535–2^31-1).
-    pub initial_stream_window_size: u32,
-    /// Connection-level receive window in bytes (65535–2^31-1).
-    pub initial_connection_window_size: u32,
-}
-
-impl Default for RawHttp2 {
-    fn default() -> Self {
-        Self {
-            max_concurrent_streams: 256,
-            max_header_list_size: (2 * DEFAULT_MAX_HEADER_BYTES) as u32,
-            initial_stream_window_size: 1024 * 1024,
-            initial_connection_window_size: 1024 * 1024,
-        }
-    }
-}
-
-/// `tls = { … }` on an upstream with `https://` endpoints.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstreamTls {
-    /// CA bundle (PEM) to verify the upstream against, instead of the system roots.
-    pub ca: Option<String>,
-    /// Client certificate chain (PEM) for upstreams that require mTLS.
-    pub client_cert: Option<String>,
-    /// Key of `client_cert` (PEM).
-    pub client_key: Option<String>,
-    /// Name to send as SNI and verify the certificate against, instead of the endpoint host.
-    pub server_name: Option<String>,
-}
 
 /// Validated `[server.http2]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,8 +96,7 @@ pub(super) fn upstream_tls(
     endpoints: &[http::Uri],
     issues: &mut Issues,
 ) -> Option<UpstreamTls> {
-    duration_range(
-        issues,
+    issues.duration_range(
         &format!("{path}.tls_handshake_timeout"),
         raw.tls_handshake_timeout.get(),
         Duration::from_millis(100),

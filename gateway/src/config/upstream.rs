@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::error::Issues;
 use super::raw::{RawRetry, RawRouteRetry, RawUpstream};
-use super::validate::{duration_range, valid_id};
 use super::UpstreamSettings;
 use portcullis_retry::{
     BreakerConfig, BudgetConfig, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy,
@@ -42,15 +41,13 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         })
         .collect();
     let (lo, hi) = CONNECT_TIMEOUT_RANGE;
-    duration_range(
-        issues,
+    issues.duration_range(
         &format!("{path}.connect_timeout"),
         raw.connect_timeout.get(),
         lo,
         hi,
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         &format!("{path}.attempt_timeout"),
         raw.attempt_timeout.get(),
         Duration::from_millis(10),
@@ -192,4 +189,12 @@ fn endpoint(text: &str) -> Result<http::Uri, String> {
         ));
     }
     Ok(uri)
+}
+
+/// An identifier in configuration (upstream names, tenant ids): 1–64 of `A-Z a-z 0-9 . _ -`.
+pub(super) fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::error::Issues;
 use super::raw::{RawBucket, RawConfig, RawIdempotency};
-use super::upstream::{route_retry, upstream};
+use super::upstream::{route_retry, upstream, valid_id};
 use super::*;
 
 /// Seed 002 R-6: idempotency records are kept at least this long.
@@ -116,36 +116,31 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
     issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
     issues.range("server.max_connections", raw.max_connections, 1, 1_000_000);
     issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
-    duration_range(
-        issues,
+    issues.duration_range(
         "server.shutdown_grace",
         raw.shutdown_grace.get(),
         Duration::ZERO,
         Duration::from_secs(600),
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         "server.header_read_timeout",
         raw.header_read_timeout.get(),
         Duration::from_millis(100),
         Duration::from_secs(300),
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         "server.keep_alive_timeout",
         raw.keep_alive_timeout.get(),
         Duration::from_secs(1),
         Duration::from_secs(3600),
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         "server.send_timeout",
         raw.send_timeout.get(),
         Duration::from_secs(1),
         Duration::from_secs(3600),
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         "server.body_read_timeout",
         raw.body_read_timeout.get(),
         Duration::from_secs(1),
@@ -215,8 +210,7 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         1 << 20,
         1 << 40,
     );
-    duration_range(
-        issues,
+    issues.duration_range(
         "storage.state_timeout",
         raw.state_timeout.get(),
         Duration::from_millis(1),
@@ -261,8 +255,7 @@ fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings
 fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
     issues.range(format!("{path}.rate"), raw.rate, 1, u32::MAX as u64);
     issues.range(format!("{path}.burst"), raw.burst, 1, u32::MAX as u64);
-    duration_range(
-        issues,
+    issues.duration_range(
         &format!("{path}.per"),
         raw.per.get(),
         Duration::from_millis(1),
@@ -479,8 +472,7 @@ fn idempotency(
     let on_in_flight = match raw.on_in_flight.as_str() {
         "reject" => InFlightMode::Reject,
         "wait" => {
-            duration_range(
-                issues,
+            issues.duration_range(
                 &format!("{path}.wait_timeout"),
                 raw.wait_timeout.get(),
                 Duration::from_millis(10),
@@ -515,31 +507,4 @@ fn socket_addr(path: &str, text: &str, issues: &mut Issues) -> SocketAddr {
         );
         SocketAddr::from(([127, 0, 0, 1], 0))
     })
-}
-
-pub(super) fn duration_range(
-    issues: &mut Issues,
-    path: &str,
-    value: Duration,
-    lo: Duration,
-    hi: Duration,
-) {
-    if value < lo || value > hi {
-        issues.push(
-            path,
-            format!(
-                "= {}: allowed {}..={}",
-                HumanDuration(value),
-                HumanDuration(lo),
-                HumanDuration(hi)
-            ),
-        );
-    }
-}
-
-pub(super) fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }

@@ -12,8 +12,6 @@ use http::{Request, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower::{Layer, Service};
 
-use crate::pipeline::router::MatchedRoute;
-
 /// Latency buckets in seconds: 100 µs to 30 s (the longest synchronous retry budget).
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -77,15 +75,16 @@ where
             let response = future.await?;
             let status = response.status().as_u16();
             let elapsed = started.elapsed();
-            let metrics = match response.extensions().get::<MatchedRoute>() {
-                Some(matched) => &matched.0.metrics,
+            // The router hands the matched route's metrics back on the response.
+            let metrics = match response.extensions().get::<RouteMetrics>() {
+                Some(route) => route,
                 None => unmatched(),
             };
             metrics.record(status, elapsed);
             tracing::debug!(
                 target: "portcullis::access",
                 %method,
-                route = &*metrics.label,
+                route = metrics.label(),
                 status,
                 latency_ms = elapsed.as_secs_f64() * 1000.0,
                 "request"
@@ -97,9 +96,12 @@ where
 }
 
 /// Request metrics of one route, registered once: recording is then an atomic add, with no
-/// label formatting or registry lookup per request.
+/// label formatting or registry lookup per request. Clones share them (one `Arc`).
+#[derive(Debug, Clone)]
+pub struct RouteMetrics(Arc<Registered>);
+
 #[derive(Debug)]
-pub struct RouteMetrics {
+struct Registered {
     label: Arc<str>,
     latency: metrics::Histogram,
     /// One counter per status code 100..=599, registered on first use.
@@ -110,26 +112,32 @@ impl RouteMetrics {
     /// Metrics labelled `route = label`.
     pub fn new(label: Arc<str>) -> Self {
         let latency = metrics::histogram!("http_request_duration_seconds", "route" => SharedString::from(label.clone()));
-        Self {
+        Self(Arc::new(Registered {
             label,
             latency,
             by_status: (100..600).map(|_| OnceLock::new()).collect(),
-        }
+        }))
+    }
+
+    /// The `route` label.
+    pub fn label(&self) -> &str {
+        &self.0.label
     }
 
     /// Counts one answer with `status` that took `elapsed`.
     pub fn record(&self, status: u16, elapsed: std::time::Duration) {
-        self.latency.record(elapsed.as_secs_f64());
+        let this = &self.0;
+        this.latency.record(elapsed.as_secs_f64());
         let Some(slot) = usize::from(status)
             .checked_sub(100)
-            .and_then(|i| self.by_status.get(i))
+            .and_then(|i| this.by_status.get(i))
         else {
             return;
         };
         slot.get_or_init(|| {
             metrics::counter!(
                 "http_requests_total",
-                "route" => SharedString::from(self.label.clone()),
+                "route" => SharedString::from(this.label.clone()),
                 "status" => status.to_string()
             )
         })

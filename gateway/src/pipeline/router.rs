@@ -31,8 +31,8 @@ pub struct Route {
     pub metrics: RouteMetrics,
 }
 
-/// The route a request matched; in request extensions from here on, and in response
-/// extensions for the metrics layer.
+/// The route a request matched; in request extensions from here on (the response carries
+/// the route's [`RouteMetrics`] back to the observe layer).
 #[derive(Debug, Clone)]
 pub struct MatchedRoute(pub Arc<Route>);
 
@@ -146,12 +146,13 @@ where
             return std::future::ready(Ok(response)).boxed();
         };
         request.extensions_mut().insert(route.retry.clone());
-        let matched = MatchedRoute(route);
-        request.extensions_mut().insert(matched.clone());
+        let metrics = route.metrics.clone();
+        request.extensions_mut().insert(MatchedRoute(route));
         let future = self.inner.call(request);
         async move {
             let mut response = future.await?;
-            response.extensions_mut().insert(matched);
+            // For the observe layer outside: it records the route's answer.
+            response.extensions_mut().insert(metrics);
             Ok(response)
         }
         .boxed()

@@ -57,16 +57,7 @@ use super::{Check, Limiter, LimiterError, LocalLimiter, LocalLimiterConfig};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Verdict};
 use crate::metrics::{FALLBACK_ACTIVATIONS_TOTAL, FALLBACK_DECISIONS_TOTAL};
-
-/// What to do with a request when the shared store cannot decide it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailMode {
-    /// Decide locally with this replica's share of the limit (`fail_open`).
-    #[default]
-    Open,
-    /// Refuse with 503 + `Retry-After` (`fail_closed`).
-    Closed,
-}
+pub use crate::policy::FailMode;
 
 /// Settings for [`FallbackLimiter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
