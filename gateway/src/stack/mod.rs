@@ -17,7 +17,9 @@ use crate::pipeline::router::{RouteLayer, RouteTable};
 use crate::pipeline::shed::LoadShedLayer;
 use crate::pipeline::tenant::TenantLayer;
 use crate::upstream::forwarded::TrustedProxies;
-use crate::upstream::proxy::{Proxy, Upstream};
+use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
+use axum::body::Body;
+use http::{Request, Response};
 use portcullis_control::Directory;
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
@@ -43,6 +45,25 @@ pub struct StackParts {
 /// Builds the proxy listener's service.
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
+    let proxy = Proxy::new(parts.upstreams.clone(), trusted.clone());
+    assemble(config, parts, trusted, proxy)
+}
+
+/// The pipeline around `upstream`, the innermost service: the pooled [`Proxy`] in
+/// production, a stub in the in-process tests of the assembled stack.
+pub(crate) fn assemble<P>(
+    config: &Config,
+    parts: StackParts,
+    trusted: Arc<TrustedProxies>,
+    upstream: P,
+) -> HttpService
+where
+    P: tower::Service<Request<Body>, Response = Response<Body>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    P::Future: Send + 'static,
+{
     let pipeline = ServiceBuilder::new()
         .layer(crate::edge::framing::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
@@ -78,6 +99,9 @@ pub fn build(config: &Config, parts: StackParts) -> HttpService {
             crate::pipeline::tenant::caller_key, // the breaker attributes failures to callers
             Arc::new(SystemWallClock),
         )) // the one retry layer: ladder, backoff, budget, breaker, deadline
-        .service(Proxy::new(parts.upstreams, trusted)); // pooled client, one attempt
+        .service(upstream); // pooled client, one attempt
     BoxCloneService::new(pipeline)
 }
+
+#[cfg(test)]
+mod tests;
