@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use portcullis_ratelimit::{Check, Decision, LimitKey, Limiter, LimiterError, Policy, Principal};
+use portcullis_ratelimit::{Check, Decision, LimitKey, Limiter, LimiterError, Policy};
 
 use crate::directory::Directory;
 use crate::quota::{BucketUsage, Period, PeriodUsage, QuotaAdmin, QuotaError, TenantUsage};
@@ -37,15 +37,15 @@ impl QuotaAdmin for LimiterQuotaAdmin {
         let mut routes = Vec::new();
         if let Some(policy) = &t.policy {
             checks.push(Check {
-                key: LimitKey::tenant(&t.id),
+                key: t.key.clone(),
                 policy: policy.clone(),
                 cost: 1,
             });
             routes.push(None);
         }
-        for (prefix, policy) in &t.route_policies {
+        for (prefix, (key, policy)) in &t.route_policies {
             checks.push(Check {
-                key: LimitKey::route(Principal::Tenant(&t.id), prefix),
+                key: key.clone(),
                 policy: policy.clone(),
                 cost: 1,
             });
@@ -67,7 +67,7 @@ impl QuotaAdmin for LimiterQuotaAdmin {
         let period_checks: Vec<(Period, Check)> = t
             .period_policies
             .iter()
-            .map(|(period, policy)| (*period, period_check(&t.id, *period, policy)))
+            .map(|(period, key, policy)| (*period, period_check(key, policy)))
             .collect();
         let mut periods = Vec::new();
         if !period_checks.is_empty() {
@@ -128,16 +128,16 @@ impl LimiterQuotaAdmin {
             .ok_or_else(|| QuotaError::UnknownTenant(tenant.to_owned()))?;
         t.period_policies
             .iter()
-            .find(|(p, _)| *p == period)
-            .map(|(_, policy)| period_check(&t.id, period, policy))
+            .find(|(p, _, _)| *p == period)
+            .map(|(_, key, policy)| period_check(key, policy))
             .ok_or(QuotaError::NoSuchQuota(period))
     }
 }
 
 /// The same key the request path charges (see `ratelimit::extractor`).
-fn period_check(tenant: &str, period: Period, policy: &Arc<Policy>) -> Check {
+fn period_check(key: &LimitKey, policy: &Arc<Policy>) -> Check {
     Check {
-        key: LimitKey::period(Principal::Tenant(tenant), period),
+        key: key.clone(),
         policy: policy.clone(),
         cost: 1,
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use portcullis_ratelimit::{Period, Policy};
+use portcullis_ratelimit::{LimitKey, Period, Policy, Principal};
 
 use crate::db::{ConfigRows, Database, DbError, TenantRow};
 
@@ -32,10 +32,13 @@ pub struct Tenant {
     pub disabled: bool,
     /// The tenant's bucket as a rate-limit policy.
     pub policy: Option<Arc<Policy>>,
-    /// The per-route overrides as policies, by route prefix.
-    pub route_policies: HashMap<String, Arc<Policy>>,
-    /// The daily and monthly request quotas as calendar policies.
-    pub period_policies: Vec<(Period, Arc<Policy>)>,
+    /// The key of that bucket, encoded once per snapshot (requests clone an `Arc`, they
+    /// format no string).
+    pub key: LimitKey,
+    /// The per-route overrides, by route prefix: each bucket's key and policy.
+    pub route_policies: HashMap<String, (LimitKey, Arc<Policy>)>,
+    /// The daily and monthly request quotas as calendar policies, with their keys.
+    pub period_policies: Vec<(Period, LimitKey, Arc<Policy>)>,
     /// Rate-limit rejections (429) of this tenant by this replica. Shared with the same
     /// tenant in later snapshots, so a reload does not reset it; counting is one relaxed
     /// atomic add on a tenant the request already holds (no map, no lock).
@@ -58,10 +61,9 @@ impl Tenant {
         let route_policies = routes
             .iter()
             .filter_map(|(_, prefix, rate, per_ms, burst)| {
-                Some((
-                    prefix.clone(),
-                    stored_policy("route", *rate, *per_ms, *burst, id)?,
-                ))
+                let policy = stored_policy("route", *rate, *per_ms, *burst, id)?;
+                let key = LimitKey::route(Principal::Tenant(id), prefix);
+                Some((prefix.clone(), (key, policy)))
             })
             .collect();
         let quota = |q: &Option<i64>| q.and_then(|q| u64::try_from(q).ok());
@@ -75,13 +77,15 @@ impl Tenant {
                         return None;
                     }
                 };
-                Some((period, Arc::new(policy)))
+                let key = LimitKey::period(Principal::Tenant(id), period);
+                Some((period, key, Arc::new(policy)))
             })
             .collect();
         Self {
             id: Arc::from(id),
             disabled: *disabled != 0,
             policy,
+            key: LimitKey::tenant(id),
             route_policies,
             period_policies,
             rate_limited: previous.map_or_else(Arc::default, |t| t.rate_limited.clone()),

@@ -86,22 +86,22 @@ pub fn extractor(
         let mut request = LimitRequest::new();
         match parts.extensions.get::<Caller>() {
             Some(Caller::Tenant(tenant)) => {
+                // The tenant's keys were encoded with its snapshot: cloning them is an
+                // `Arc` increment, not a formatted string per request.
                 if let Some(policy) = &tenant.policy {
-                    request.push(LimitKey::tenant(&tenant.id), policy.clone(), cost);
+                    request.push(tenant.key.clone(), policy.clone(), cost);
                 }
-                if let Some(policy) = tenant.route_policies.get(prefix).or(route_default) {
-                    request.push(
+                match (tenant.route_policies.get(prefix), route_default) {
+                    (Some((key, policy)), _) => request.push(key.clone(), policy.clone(), cost),
+                    (None, Some(policy)) => request.push(
                         LimitKey::route(Principal::Tenant(&tenant.id), prefix),
                         policy.clone(),
                         cost,
-                    );
+                    ),
+                    (None, None) => {}
                 }
-                for (period, policy) in &tenant.period_policies {
-                    request.push(
-                        LimitKey::period(Principal::Tenant(&tenant.id), *period),
-                        policy.clone(),
-                        cost,
-                    );
+                for (_, key, policy) in &tenant.period_policies {
+                    request.push(key.clone(), policy.clone(), cost);
                 }
             }
             _ => {

@@ -363,7 +363,9 @@ async fn route_overrides_must_name_a_route_and_reach_the_snapshot(f: Fixture) {
     assert_eq!(tenant.route_quotas[0].burst, 7);
     let snapshot = load_snapshot(&f.db).await;
     assert_eq!(
-        snapshot.by_id("acme").unwrap().route_policies["/orders"].burst(),
+        snapshot.by_id("acme").unwrap().route_policies["/orders"]
+            .1
+            .burst(),
         7
     );
     let tenant = f
