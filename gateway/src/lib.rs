@@ -1,11 +1,22 @@
 //! Portcullis: an edge API gateway that rate-limits per tenant, deduplicates keyed POST/PATCH
 //! requests, and owns the single retry layer toward backends.
 //!
-//! This crate assembles the concern crates (`portcullis-ratelimit`, `portcullis-idempotency`)
-//! and its own layers into one pipeline ([`stack`]), and runs the listeners ([`run`]).
+//! This crate is the binary and the data plane. It assembles the concern crates
+//! (`portcullis-ratelimit`, `portcullis-idempotency`, `portcullis-retry`) and its own layers
+//! into one pipeline ([`stack`], one commented line per layer), and runs the listeners
+//! ([`run`]). Its tree is the request's path:
+//!
+//! - [`config`]: the TOML file, parsed once, validated fully, then frozen;
+//! - [`edge`]: listeners, the framing guard, and the first layers (health, hop-by-hop
+//!   fields, request id, size limits, request target);
+//! - [`pipeline`]: observe, route, tenant, shed, rate limit, idempotency, rescue;
+//! - [`upstream`]: the pooled client that sends one attempt, forwarded headers, the demo
+//!   upstream;
+//! - [`tls`]: certificates and keys for both legs.
+//!
 //! The control plane (database, tenant directory and its reload, quotas, admin API and CLI)
 //! is `portcullis-control`: this crate only reads its tenant snapshot on the request path.
-//! The retry layer toward backends is its own crate, `portcullis-retry`.
+//! Every layer answers in the one problem+json type of `portcullis-problem`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

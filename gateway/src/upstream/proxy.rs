@@ -1,5 +1,5 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
-//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see [`crate::edge::hop_by_hop`]:
+//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see `edge::hop_by_hop`:
 //! the client's at the edge, the upstream's here), `X-Forwarded-*` set.
 //! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
 //! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).

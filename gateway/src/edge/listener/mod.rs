@@ -15,7 +15,7 @@
 //!
 //! # Time limits
 //!
-//! Each connection runs under a watchdog ([`activity`]): the TLS handshake and the wait
+//! Each connection runs under a watchdog (`activity`): the TLS handshake and the wait
 //! for a first request are bounded by `server.header_read_timeout`, and so is every request
 //! head that arrives in part; an idle connection between requests is closed after
 //! `server.keep_alive_timeout` (HTTP/2: GOAWAY), which HTTP/1 responses advertise as
