@@ -85,21 +85,16 @@ pub fn upstream_client_config(
 /// rejection of ours (a certificate alert; with TLS 1.3 it arrives only after the client
 /// finished its half of the handshake, so it can surface on the first read).
 pub fn certificate_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut current = Some(err);
-    while let Some(e) = current {
-        if let Some(reason) = e.downcast_ref::<rustls::Error>().and_then(verdict) {
-            return Some(reason);
-        }
-        // `io::Error::source` skips the error it wraps, so look inside explicitly.
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            let inner = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
-            if let Some(reason) = inner.and_then(verdict) {
-                return Some(reason);
-            }
-        }
-        current = e.source();
+    use portcullis_problem::caused_by;
+    if let Some(reason) = caused_by::<rustls::Error>(err).and_then(verdict) {
+        return Some(reason);
     }
-    None
+    // `io::Error::source` skips the error it wraps (tokio-rustls wraps rustls' error in
+    // one), so look inside it explicitly.
+    caused_by::<std::io::Error>(err)
+        .and_then(|io| io.get_ref())
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .and_then(verdict)
 }
 
 fn verdict(err: &rustls::Error) -> Option<String> {
