@@ -28,10 +28,10 @@
 
 pub mod config;
 pub mod edge;
-pub mod pipeline;
-pub mod stack;
+pub(crate) mod pipeline;
+pub(crate) mod stack;
 pub mod tls;
-pub mod upstream;
+pub(crate) mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;

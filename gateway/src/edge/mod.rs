@@ -11,11 +11,11 @@
 //!   (the client's hop-by-hop fields), [`request_id`], [`limits`] (413/431, body deadline via
 //!   [`body_timeout`]) and `target` (path normalisation, Host rules).
 
-pub mod body_timeout;
+pub(crate) mod body_timeout;
 pub mod framing;
 pub(crate) mod hop_by_hop;
-pub mod limits;
+pub(crate) mod limits;
 pub mod listener;
-pub mod ops;
-pub mod request_id;
+pub(crate) mod ops;
+pub(crate) mod request_id;
 pub(crate) mod target;

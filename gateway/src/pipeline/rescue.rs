@@ -129,7 +129,7 @@ impl IntoProblem for ProxyError {
                 )
                 .with("reason", reason)
             }
-            ProxyErrorKind::ResetAfterSent | ProxyErrorKind::Other => Problem::new(
+            ProxyErrorKind::ResetAfterSent => Problem::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",
                 "Upstream connection failed",
@@ -295,12 +295,6 @@ mod tests {
             ),
             (
                 upstream(ProxyErrorKind::ResetAfterSent),
-                502,
-                "upstream-failed",
-                false,
-            ),
-            (
-                upstream(ProxyErrorKind::Other),
                 502,
                 "upstream-failed",
                 false,

@@ -23,8 +23,6 @@ pub struct Route {
     pub index: usize,
     /// The validated settings.
     pub settings: RouteSettings,
-    /// Metrics label (the prefix).
-    pub label: Arc<str>,
     /// What the retry layer needs: the route's policy and its upstream's shared state.
     pub retry: RetryTarget,
     /// Request counters and latency, registered once.
@@ -56,8 +54,7 @@ impl RouteTable {
                 let label: Arc<str> = Arc::from(settings.prefix.as_str());
                 Some(Arc::new(Route {
                     index,
-                    metrics: RouteMetrics::new(label.clone()),
-                    label,
+                    metrics: RouteMetrics::new(label),
                     retry: RetryTarget {
                         policy: settings.retry.clone(),
                         dependency,

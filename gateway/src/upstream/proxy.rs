@@ -36,9 +36,9 @@ mod error;
 mod resolver;
 
 use client_body::{BodyFailure, WitnessedBody};
-pub use connector::{TlsConnector, UpstreamIo};
+pub use connector::TlsConnector;
 pub use error::{ProxyError, ProxyErrorKind};
-pub use resolver::{DnsError, HttpConnector, Resolver};
+pub use resolver::HttpConnector;
 
 /// Idle pooled connections are closed after this long (below common backend keep-alive
 /// timeouts of 60–75 s would be safer, but backends here are configured by their owners).
@@ -47,7 +47,6 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// One backend with its endpoints and connection pool.
 #[derive(Debug)]
 pub struct Upstream {
-    name: Arc<str>,
     endpoints: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
     client: Pool,
@@ -90,16 +89,10 @@ impl Upstream {
             .filter_map(|uri| Some((uri.scheme()?.clone(), uri.authority()?.clone())))
             .collect();
         Self {
-            name: Arc::from(settings.name.as_str()),
             endpoints,
             next: AtomicUsize::new(0),
             client,
         }
-    }
-
-    /// The upstream's name.
-    pub fn name(&self) -> &Arc<str> {
-        &self.name
     }
 
     /// Round robin, skipping `avoid` when there is another endpoint.

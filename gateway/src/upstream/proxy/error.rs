@@ -34,8 +34,6 @@ pub enum ProxyErrorKind {
     BadClientBody,
     /// The request had no route (a stack assembly error, not a client error).
     NoRoute,
-    /// Anything else.
-    Other,
 }
 
 /// An attempt's failure, with the endpoint it went to.
@@ -115,11 +113,6 @@ impl ProxyError {
         )
     }
 
-    /// The endpoint the attempt went to.
-    pub fn endpoint(&self) -> Option<usize> {
-        self.endpoint
-    }
-
     /// Whether the request provably never reached the backend.
     pub fn is_provably_unprocessed(&self) -> bool {
         matches!(
@@ -189,8 +182,7 @@ impl UpstreamFailure for ProxyError {
             ProxyErrorKind::BodyTooLarge
             | ProxyErrorKind::BodyTimeout
             | ProxyErrorKind::BadClientBody
-            | ProxyErrorKind::NoRoute
-            | ProxyErrorKind::Other => FailureKind::Other,
+            | ProxyErrorKind::NoRoute => FailureKind::Other,
         }
     }
 
