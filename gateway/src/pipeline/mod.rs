@@ -11,4 +11,5 @@ pub mod ratelimit;
 pub mod rescue;
 pub mod router;
 pub mod shed;
+pub(crate) mod step;
 pub mod tenant;
