@@ -1,7 +1,7 @@
 //! The request pipeline in request-path order, one line per layer. Each layer is its own
 //! module; no layer reaches into another's state — policy travels in request extensions.
-//! The gateway's own small layers are [`Step`](crate::pipeline::step::Step)s, made tower
-//! layers by the one [`StepLayer`].
+//! The gateway's own small layers are `pipeline::step::Step`s, made tower layers by the one
+//! generic `StepLayer`.
 
 use std::sync::Arc;
 

@@ -47,7 +47,7 @@ impl Finish for () {
 }
 
 /// The tower layer of a [`Step`]; each service it builds holds a clone of the step.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
 pub struct StepLayer<T>(T);
 
 impl<T> StepLayer<T> {

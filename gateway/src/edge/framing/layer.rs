@@ -14,7 +14,7 @@ use crate::pipeline::step::Step;
 use crate::upstream::forwarded::PeerAddr;
 use portcullis_problem::Problem;
 
-/// Refuses requests with conflicting framing headers (a [`Step`]).
+/// Refuses requests with conflicting framing headers (a `Step`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Smuggling;
 
