@@ -188,7 +188,7 @@ pub async fn run(
         // Refusals from the connection guard are answered here too.
         let admin_service = edge::listener::HttpService::new(
             tower::ServiceBuilder::new()
-                .layer(edge::framing::SmugglingLayer)
+                .layer(pipeline::step::StepLayer::new(edge::framing::Smuggling))
                 .service(admin_app),
         );
         edge::listener::serve(admin_listener, admin_service, admin_options, stopped).await;

@@ -1,22 +1,20 @@
 //! Body and header size limits: 413 and 431 as problem+json before anything else runs, and a
 //! byte limit on streamed bodies without `Content-Length`.
 
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use futures_util::future::{BoxFuture, FutureExt};
 use http::{header, Request, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tower::{Layer, Service};
 
 use crate::edge::body_timeout::TimeoutBody;
+use crate::pipeline::step::Step;
 use portcullis_problem::Problem;
 
-/// Enforces `server.max_body_bytes` and `server.max_header_bytes`.
+/// Enforces `server.max_body_bytes` and `server.max_header_bytes` (a [`Step`]).
 #[derive(Debug, Clone, Copy)]
-pub struct LimitsLayer {
+pub(crate) struct Limits {
     max_body_bytes: u64,
     max_header_bytes: usize,
     body_read_timeout: Duration,
@@ -36,16 +34,13 @@ pub struct BodyTooLarge {
     source: LengthLimitError,
 }
 
-/// The service of [`LimitsLayer`].
-#[derive(Debug, Clone)]
-pub struct Limits<S> {
-    inner: S,
-    limits: LimitsLayer,
-}
-
-impl LimitsLayer {
+impl Limits {
     /// Limits from configuration.
-    pub fn new(max_body_bytes: u64, max_header_bytes: usize, body_read_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        max_body_bytes: u64,
+        max_header_bytes: usize,
+        body_read_timeout: Duration,
+    ) -> Self {
         Self {
             max_body_bytes,
             max_header_bytes,
@@ -54,63 +49,38 @@ impl LimitsLayer {
     }
 }
 
-impl<S> Layer<S> for LimitsLayer {
-    type Service = Limits<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        Limits {
-            inner,
-            limits: *self,
-        }
-    }
-}
+impl Step for Limits {
+    type Finish = ();
 
-impl<S> Service<Request<Body>> for Limits<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if head_size(&request) > self.limits.max_header_bytes {
-            let problem = Problem::headers_too_large(self.limits.max_header_bytes).closing();
-            return std::future::ready(Ok(problem.into_response())).boxed();
+    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
+        if head_size(request) > self.max_header_bytes {
+            let problem = Problem::headers_too_large(self.max_header_bytes).closing();
+            return Err(problem.into_response());
         }
         let declared = request
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > self.limits.max_body_bytes) {
-            let problem = Problem::body_too_large(self.limits.max_body_bytes).closing();
-            return std::future::ready(Ok(problem.into_response())).boxed();
+        if declared.is_some_and(|len| len > self.max_body_bytes) {
+            let problem = Problem::body_too_large(self.max_body_bytes).closing();
+            return Err(problem.into_response());
         }
         // A declared length within the limit is enforced by hyper itself; only bodies of
         // unknown length need counting as they stream.
-        let request = if declared.is_none() {
-            let max = self.limits.max_body_bytes;
+        if declared.is_none() {
+            let max = self.max_body_bytes;
             let limit = usize::try_from(max).unwrap_or(usize::MAX);
-            request.map(|body| {
-                Body::new(Limited::new(body, limit).map_err(move |err| typed(err, max)))
-            })
-        } else {
-            request
-        };
+            let body = std::mem::take(request.body_mut());
+            *request.body_mut() =
+                Body::new(Limited::new(body, limit).map_err(move |err| typed(err, max)));
+        }
         // Bodiless requests (most GETs) skip the timer entirely.
-        let request = if request.body().is_end_stream() {
-            request
-        } else {
-            let timeout = self.limits.body_read_timeout;
-            request.map(|body| Body::new(TimeoutBody::new(body, timeout)))
-        };
-        self.inner.call(request).boxed()
+        if !request.body().is_end_stream() {
+            let body = std::mem::take(request.body_mut());
+            *request.body_mut() = Body::new(TimeoutBody::new(body, self.body_read_timeout));
+        }
+        Ok(())
     }
 }
 

@@ -1,12 +1,10 @@
 //! `X-Request-Id`: propagated when the client sent a sane one, generated (UUID v4) otherwise,
 //! and echoed on the response so clients and logs can correlate.
 
-use std::task::{Context, Poll};
-
 use axum::body::Body;
-use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Request, Response};
-use tower::{Layer, Service};
+
+use crate::pipeline::step::{Finish, Step};
 
 /// The header name.
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -14,38 +12,17 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Longest client-supplied id we propagate; longer or odd ones are replaced.
 const MAX_ID_LEN: usize = 128;
 
-/// Ensures every request and its response carry `X-Request-Id`.
+/// Ensures every request and its response carry `X-Request-Id` (a [`Step`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RequestIdLayer;
+pub(crate) struct RequestId;
 
-/// The service of [`RequestIdLayer`].
-#[derive(Debug, Clone)]
-pub struct RequestIdService<S> {
-    inner: S,
-}
+/// Echoes the request's id on its response.
+pub(crate) struct EchoId(HeaderValue);
 
-impl<S> Layer<S> for RequestIdLayer {
-    type Service = RequestIdService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        RequestIdService { inner }
-    }
-}
+impl Step for RequestId {
+    type Finish = EchoId;
 
-impl<S> Service<Request<Body>> for RequestIdService<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+    fn step(&self, request: &mut Request<Body>) -> Result<EchoId, Response<Body>> {
         let id = match request.headers().get(&X_REQUEST_ID) {
             Some(value) if acceptable(value) => value.clone(),
             _ => {
@@ -59,12 +36,14 @@ where
                 generated
             }
         };
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = future.await?;
-            response.headers_mut().insert(X_REQUEST_ID.clone(), id);
-            Ok(response)
-        })
+        Ok(EchoId(id))
+    }
+}
+
+impl Finish for EchoId {
+    fn finish(self, mut response: Response<Body>) -> Response<Body> {
+        response.headers_mut().insert(X_REQUEST_ID.clone(), self.0);
+        response
     }
 }
 

@@ -3,14 +3,12 @@
 
 use std::sync::{Arc, OnceLock};
 
-use metrics::SharedString;
-use std::task::{Context, Poll};
-
 use axum::body::Body;
-use futures_util::future::{BoxFuture, FutureExt};
-use http::{Request, Response};
+use http::{Method, Request, Response};
+use metrics::SharedString;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tower::{Layer, Service};
+
+use crate::pipeline::step::{Finish, Step};
 
 /// Latency buckets in seconds: 100 µs to 30 s (the longest synchronous retry budget).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -36,62 +34,47 @@ pub fn install() -> Option<PrometheusHandle> {
         .clone()
 }
 
-/// Counts requests and observes latency by route and status.
+/// Counts requests and observes latency by route and status (a [`Step`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ObserveLayer;
+pub(crate) struct Observe;
 
-/// The service of [`ObserveLayer`].
-#[derive(Debug, Clone)]
-pub struct Observe<S> {
-    inner: S,
+/// What [`Observe`] remembers of a request until its response.
+pub(crate) struct Observed {
+    started: tokio::time::Instant,
+    method: Method,
 }
 
-impl<S> Layer<S> for ObserveLayer {
-    type Service = Observe<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        Observe { inner }
+impl Step for Observe {
+    type Finish = Observed;
+
+    fn step(&self, request: &mut Request<Body>) -> Result<Observed, Response<Body>> {
+        Ok(Observed {
+            started: tokio::time::Instant::now(),
+            method: request.method().clone(),
+        })
     }
 }
 
-impl<S> Service<Request<Body>> for Observe<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let started = tokio::time::Instant::now();
-        let method = request.method().clone();
-        let future = self.inner.call(request);
-        async move {
-            let response = future.await?;
-            let status = response.status().as_u16();
-            let elapsed = started.elapsed();
-            // The router hands the matched route's metrics back on the response.
-            let metrics = match response.extensions().get::<RouteMetrics>() {
-                Some(route) => route,
-                None => unmatched(),
-            };
-            metrics.record(status, elapsed);
-            tracing::debug!(
-                target: "portcullis::access",
-                %method,
-                route = metrics.label(),
-                status,
-                latency_ms = elapsed.as_secs_f64() * 1000.0,
-                "request"
-            );
-            Ok(response)
-        }
-        .boxed()
+impl Finish for Observed {
+    fn finish(self, response: Response<Body>) -> Response<Body> {
+        let Self { started, method } = self;
+        let status = response.status().as_u16();
+        let elapsed = started.elapsed();
+        // The router hands the matched route's metrics back on the response.
+        let metrics = match response.extensions().get::<RouteMetrics>() {
+            Some(route) => route,
+            None => unmatched(),
+        };
+        metrics.record(status, elapsed);
+        tracing::debug!(
+            target: "portcullis::access",
+            %method,
+            route = metrics.label(),
+            status,
+            latency_ms = elapsed.as_secs_f64() * 1000.0,
+            "request"
+        );
+        response
     }
 }
 

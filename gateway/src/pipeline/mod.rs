@@ -3,7 +3,9 @@
 //! the gateway's configuration here), then rescue, which turns every upstream-side error
 //! into problem+json before the retry layer and the proxy.
 //!
-//! The order itself is assembled, with a comment per layer, in [`crate::stack`].
+//! The order itself is assembled, with a comment per layer, in [`crate::stack`]. The
+//! gateway's own small layers (here and in [`crate::edge`]) are `step::Step`s, made tower layers
+//! by the one generic `step::StepLayer`.
 
 pub mod idempotency;
 pub mod metrics;
@@ -11,4 +13,5 @@ pub mod ratelimit;
 pub mod rescue;
 pub mod router;
 pub mod shed;
+pub(crate) mod step;
 pub mod tenant;

@@ -4,15 +4,13 @@
 //! on the route; the proxy at the end reads the same [`MatchedRoute`].
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::body::Body;
-use futures_util::future::{BoxFuture, FutureExt};
 use http::{Request, Response};
-use tower::{Layer, Service};
 
 use crate::config::RouteSettings;
 use crate::pipeline::metrics::RouteMetrics;
+use crate::pipeline::step::{Finish, Step};
 use portcullis_problem::Problem;
 use portcullis_retry::{Dependency, RetryTarget};
 
@@ -93,66 +91,38 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
     }
 }
 
-/// Inserts [`MatchedRoute`] or answers 404.
+/// Inserts [`MatchedRoute`] or answers 404 (a [`Step`]).
 #[derive(Debug, Clone)]
-pub struct RouteLayer {
+pub(crate) struct RouteMatch {
     table: RouteTable,
 }
 
-/// The service of [`RouteLayer`].
-#[derive(Debug, Clone)]
-pub struct RouteMatch<S> {
-    inner: S,
-    table: RouteTable,
-}
-
-impl RouteLayer {
+impl RouteMatch {
     /// Matches against `table`.
-    pub fn new(table: RouteTable) -> Self {
+    pub(crate) fn new(table: RouteTable) -> Self {
         Self { table }
     }
 }
 
-impl<S> Layer<S> for RouteLayer {
-    type Service = RouteMatch<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        RouteMatch {
-            inner,
-            table: self.table.clone(),
-        }
-    }
-}
+impl Step for RouteMatch {
+    type Finish = RouteMetrics;
 
-impl<S> Service<Request<Body>> for RouteMatch<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+    fn step(&self, request: &mut Request<Body>) -> Result<RouteMetrics, Response<Body>> {
         let Some(route) = self.table.find(request.uri().path()).cloned() else {
-            let response = Problem::no_route(request.uri().path()).into_response();
-            return std::future::ready(Ok(response)).boxed();
+            return Err(Problem::no_route(request.uri().path()).into_response());
         };
         request.extensions_mut().insert(route.retry.clone());
         let metrics = route.metrics.clone();
         request.extensions_mut().insert(MatchedRoute(route));
-        let future = self.inner.call(request);
-        async move {
-            let mut response = future.await?;
-            // For the observe layer outside: it records the route's answer.
-            response.extensions_mut().insert(metrics);
-            Ok(response)
-        }
-        .boxed()
+        Ok(metrics)
+    }
+}
+
+/// For the observe layer outside: the route's metrics ride back on its response.
+impl Finish for RouteMetrics {
+    fn finish(self, mut response: Response<Body>) -> Response<Body> {
+        response.extensions_mut().insert(self);
+        response
     }
 }
 

@@ -9,80 +9,54 @@ use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, FutureExt};
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tower::{Layer, Service};
 
+use crate::pipeline::step::{Finish, Step};
 use portcullis_problem::Problem;
 
 /// What a shed client is told to wait: long enough to spread a herd, short enough to be useful.
 pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Caps concurrent requests.
+/// Caps concurrent requests (a [`Step`]; clones share the cap).
 #[derive(Debug, Clone)]
-pub struct LoadShedLayer {
+pub(crate) struct LoadShed {
     permits: Arc<Semaphore>,
 }
 
-/// The service of [`LoadShedLayer`].
-#[derive(Debug, Clone)]
-pub struct LoadShed<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
-}
-
-impl LoadShedLayer {
+impl LoadShed {
     /// At most `max_in_flight` requests at once.
-    pub fn new(max_in_flight: usize) -> Self {
+    pub(crate) fn new(max_in_flight: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(max_in_flight)),
         }
     }
 }
 
-impl<S> Layer<S> for LoadShedLayer {
-    type Service = LoadShed<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        LoadShed {
-            inner,
-            permits: self.permits.clone(),
-        }
+impl Step for LoadShed {
+    type Finish = InFlight;
+
+    fn step(&self, _request: &mut Request<Body>) -> Result<InFlight, Response<Body>> {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            metrics::counter!("load_shed_total").increment(1);
+            return Err(Problem::overloaded(SHED_RETRY_AFTER).into_response());
+        };
+        Ok(InFlight(permit))
     }
 }
 
-impl<S> Service<Request<Body>> for LoadShed<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
+/// The permit of a request let through; handed on to its response body.
+pub(crate) struct InFlight(OwnedSemaphorePermit);
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            metrics::counter!("load_shed_total").increment(1);
-            return std::future::ready(Ok(Problem::overloaded(SHED_RETRY_AFTER).into_response()))
-                .boxed();
-        };
-        let future = self.inner.call(request);
-        async move {
-            let response = future.await?;
-            Ok(response.map(|body| {
-                Body::new(PermitBody {
-                    inner: body,
-                    _permit: permit,
-                })
-            }))
-        }
-        .boxed()
+impl Finish for InFlight {
+    fn finish(self, response: Response<Body>) -> Response<Body> {
+        response.map(|body| {
+            Body::new(PermitBody {
+                inner: body,
+                _permit: self.0,
+            })
+        })
     }
 }
 
@@ -115,11 +89,12 @@ impl http_body::Body for PermitBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower::ServiceExt;
+    use crate::pipeline::step::StepLayer;
+    use tower::{Layer, ServiceExt};
 
     #[tokio::test]
     async fn sheds_over_the_cap_and_releases_with_the_body() {
-        let layer = LoadShedLayer::new(1);
+        let layer = StepLayer::new(LoadShed::new(1));
         let service = layer.layer(tower::service_fn(|_req: Request<Body>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Body::from("hello")))
         }));

@@ -16,16 +16,14 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::body::Body;
-use futures_util::future::{BoxFuture, FutureExt};
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use portcullis_control::{Directory, Tenant};
 use portcullis_ratelimit::Rejection;
 use sha2::{Digest, Sha256};
-use tower::{Layer, Service};
 
+use crate::pipeline::step::Step;
 use crate::upstream::forwarded::{ClientIp, PeerAddr, TrustedProxies};
 use portcullis_problem::Problem;
 
@@ -43,58 +41,30 @@ pub enum Caller {
     Anonymous,
 }
 
-/// Resolves [`Caller`] and [`ClientIp`].
+/// Resolves [`Caller`] and [`ClientIp`] (a [`Step`]).
 #[derive(Debug, Clone)]
-pub struct TenantLayer {
+pub(crate) struct ResolveTenant {
     directory: Arc<Directory>,
     trusted: Arc<TrustedProxies>,
 }
 
-/// The service of [`TenantLayer`].
-#[derive(Debug, Clone)]
-pub struct ResolveTenant<S> {
-    inner: S,
-    layer: TenantLayer,
-}
-
-impl TenantLayer {
+impl ResolveTenant {
     /// Resolves against `directory`.
-    pub fn new(directory: Arc<Directory>, trusted: Arc<TrustedProxies>) -> Self {
+    pub(crate) fn new(directory: Arc<Directory>, trusted: Arc<TrustedProxies>) -> Self {
         Self { directory, trusted }
     }
 }
 
-impl<S> Layer<S> for TenantLayer {
-    type Service = ResolveTenant<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        ResolveTenant {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
+impl Step for ResolveTenant {
+    type Finish = ();
 
-impl<S> Service<Request<Body>> for ResolveTenant<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
         let peer = request
             .extensions()
             .get::<PeerAddr>()
             .map(|p| p.0.ip())
             .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        let client_ip = self.layer.trusted.client_ip(peer, request.headers());
+        let client_ip = self.trusted.client_ip(peer, request.headers());
         request.extensions_mut().insert(ClientIp(client_ip));
         // Only the gateway says who the tenant is.
         request.headers_mut().remove(&X_PORTCULLIS_TENANT);
@@ -103,7 +73,7 @@ where
             None => Caller::Anonymous,
             Some((source, key)) => {
                 let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-                let snapshot = self.layer.directory.snapshot();
+                let snapshot = self.directory.snapshot();
                 match snapshot.by_key_hash(&hash) {
                     Some(tenant) if !tenant.disabled => {
                         let headers = request.headers_mut();
@@ -115,13 +85,13 @@ where
                     }
                     _ => {
                         metrics::counter!("tenant_auth_failures_total").increment(1);
-                        return std::future::ready(Ok(unauthorized())).boxed();
+                        return Err(unauthorized());
                     }
                 }
             }
         };
         request.extensions_mut().insert(caller);
-        self.inner.call(request).boxed()
+        Ok(())
     }
 }
 
@@ -235,6 +205,7 @@ mod tests {
         use std::convert::Infallible;
         use std::time::Duration;
 
+        use crate::pipeline::step::StepLayer;
         use portcullis_control::{Database, TenantSeed};
         use portcullis_ratelimit::{LimitKey, LimitRequest, LocalLimiter, RateLimitLayer};
         use tower::{ServiceBuilder, ServiceExt};
@@ -266,10 +237,10 @@ mod tests {
             Ok::<_, Infallible>(response)
         });
         let service = ServiceBuilder::new()
-            .layer(TenantLayer::new(
+            .layer(StepLayer::new(ResolveTenant::new(
                 directory.clone(),
                 Arc::new(TrustedProxies::new(Vec::new())),
-            ))
+            )))
             .layer(
                 RateLimitLayer::new(Arc::new(LocalLimiter::new()), tenant_policy)
                     .with_observer(count_rate_limited),

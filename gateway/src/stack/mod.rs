@@ -1,5 +1,7 @@
 //! The request pipeline in request-path order, one line per layer. Each layer is its own
 //! module; no layer reaches into another's state — policy travels in request extensions.
+//! The gateway's own small layers are `pipeline::step::Step`s, made tower layers by the one
+//! generic `StepLayer`.
 
 use std::sync::Arc;
 
@@ -7,15 +9,18 @@ use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
 
 use crate::config::Config;
-use crate::edge::limits::LimitsLayer;
+use crate::edge::framing::Smuggling;
+use crate::edge::limits::Limits;
 use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
-use crate::edge::request_id::RequestIdLayer;
-use crate::pipeline::metrics::ObserveLayer;
+use crate::edge::request_id::RequestId;
+use crate::edge::target::Target;
+use crate::pipeline::metrics::Observe;
 use crate::pipeline::rescue::RescueLayer;
-use crate::pipeline::router::{RouteLayer, RouteTable};
-use crate::pipeline::shed::LoadShedLayer;
-use crate::pipeline::tenant::TenantLayer;
+use crate::pipeline::router::{RouteMatch, RouteTable};
+use crate::pipeline::shed::LoadShed;
+use crate::pipeline::step::StepLayer;
+use crate::pipeline::tenant::ResolveTenant;
 use crate::upstream::forwarded::TrustedProxies;
 use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
 use axum::body::Body;
@@ -65,23 +70,26 @@ where
     P::Future: Send + 'static,
 {
     let pipeline = ServiceBuilder::new()
-        .layer(crate::edge::framing::SmugglingLayer) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
+        .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
         .map_request(crate::edge::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
-        .layer(ObserveLayer) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
-        .layer(RequestIdLayer) // X-Request-Id in and out
-        .layer(LimitsLayer::new(
+        .layer(StepLayer::new(Observe)) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
+        .layer(StepLayer::new(RequestId)) // X-Request-Id in and out
+        .layer(StepLayer::new(Limits::new(
             config.server.max_body_bytes,
             config.server.max_header_bytes,
             config.server.body_read_timeout,
-        )) // 413 / 431 / 408 for a body that does not arrive in time
-        .layer(crate::edge::target::TargetLayer) // path normalised in place (nginx rules), Host / :authority checked → 400
-        .layer(RouteLayer::new(RouteTable::new(
+        ))) // 413 / 431 / 408 for a body that does not arrive in time
+        .layer(StepLayer::new(Target)) // path normalised in place (nginx rules), Host / :authority checked → 400
+        .layer(StepLayer::new(RouteMatch::new(RouteTable::new(
             &config.routes,
             &parts.dependencies,
-        ))) // longest prefix → MatchedRoute + RetryTarget, else 404
-        .layer(TenantLayer::new(parts.directory.clone(), trusted.clone())) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
-        .layer(LoadShedLayer::new(config.server.max_in_flight)) // over the cap → 503 at once
+        )))) // longest prefix → MatchedRoute + RetryTarget, else 404
+        .layer(StepLayer::new(ResolveTenant::new(
+            parts.directory.clone(),
+            trusted.clone(),
+        ))) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
+        .layer(StepLayer::new(LoadShed::new(config.server.max_in_flight))) // over the cap → 503 at once
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! hyper serves that in order (after any pipelined request before it), the
-//! [`SmugglingLayer`](super::SmugglingLayer) answers it 400 problem+json, and hyper closes
+//! [`Smuggling`](super::Smuggling) step answers it 400 problem+json, and hyper closes
 //! the connection because of `connection: close`. Nothing after the refused head is ever
 //! read; reads stay pending until hyper closes, so an in-flight earlier request is not
 //! mistaken for an aborted one.

@@ -2,55 +2,28 @@
 //! [`FramingGuard`](super::FramingGuard) substitutes, and — as a backstop whatever server
 //! library sits underneath — refuses conflicting framing headers that reach it anyway.
 //!
-//! Cost on the common path: three header-map lookups; no allocation (the future is an
-//! `Either`, not a box).
-
-use std::task::{Context, Poll};
+//! Cost on the common path: three header-map lookups; no allocation (as a [`Step`], its
+//! future is an `Either`, not a box).
 
 use axum::body::Body;
-use futures_util::future::Either;
 use http::{header, HeaderMap, Request, Response};
-use tower::{Layer, Service};
 
 use super::head::Refusal;
 use super::REFUSAL_HEADER;
+use crate::pipeline::step::Step;
 use crate::upstream::forwarded::PeerAddr;
 use portcullis_problem::Problem;
 
-/// Refuses requests with conflicting framing headers.
+/// Refuses requests with conflicting framing headers (a `Step`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SmugglingLayer;
-
-/// The service of [`SmugglingLayer`].
-#[derive(Debug, Clone)]
-pub struct Smuggling<S> {
-    inner: S,
-}
-
-// === impl SmugglingLayer ===
-
-impl<S> Layer<S> for SmugglingLayer {
-    type Service = Smuggling<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        Smuggling { inner }
-    }
-}
+pub struct Smuggling;
 
 // === impl Smuggling ===
 
-impl<S> Service<Request<Body>> for Smuggling<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>>,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = Either<std::future::Ready<Result<Response<Body>, S::Error>>, S::Future>;
+impl Step for Smuggling {
+    type Finish = ();
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
+    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
         let refusal = match request.headers().get(REFUSAL_HEADER) {
             // A client that sends the header itself is refused too: harmless, and it means
             // the header never travels upstream.
@@ -62,9 +35,9 @@ where
         match refusal {
             Some(refusal) => {
                 let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
-                Either::Left(std::future::ready(Ok(refuse(refusal, peer))))
+                Err(refuse(refusal, peer))
             }
-            None => Either::Right(self.inner.call(request)),
+            None => Ok(()),
         }
     }
 }
@@ -129,7 +102,9 @@ pub fn conflict(headers: &HeaderMap) -> Option<Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::step::StepLayer;
     use http::{HeaderValue, StatusCode};
+    use tower::Layer;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -176,7 +151,7 @@ mod tests {
         let inner = tower::service_fn(|_req: Request<Body>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
         });
-        let service = SmugglingLayer.layer(inner);
+        let service = StepLayer::new(Smuggling).layer(inner);
         let mut request = Request::new(Body::empty());
         *request.headers_mut() = headers(&[("content-length", "1"), ("content-length", "2")]);
         let response = service.clone().oneshot(request).await.unwrap();

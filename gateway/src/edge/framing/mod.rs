@@ -15,7 +15,7 @@
 //!   hyper does (following bodies by their framing to find the next head). A head to refuse
 //!   reaches hyper as a small refusal request carrying [`REFUSAL_HEADER`] and
 //!   `connection: close`; nothing after it is read.
-//! - [`SmugglingLayer`], outermost in the pipeline, answers that request with the
+//! - [`Smuggling`], a step outermost in the pipeline, answers that request with the
 //!   refusal's status (400; 431 for too many header lines, 501, 505) in problem+json with
 //!   `Connection: close`, and refuses conflicting framing headers that reach it by any
 //!   other route.
@@ -34,8 +34,8 @@ mod layer;
 
 pub use guard::FramingGuard;
 pub use head::Refusal;
-pub use layer::{conflict, Smuggling, SmugglingLayer};
+pub use layer::{conflict, Smuggling};
 
 /// Carries a refusal from the connection guard to the pipeline. Never forwarded: the
-/// [`SmugglingLayer`] answers every request that has it.
+/// [`Smuggling`] step answers every request that has it.
 pub const REFUSAL_HEADER: &str = "x-portcullis-refused";

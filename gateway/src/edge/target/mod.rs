@@ -31,16 +31,14 @@ mod path;
 pub(crate) use path::normalize as normalize_path;
 
 use std::borrow::Cow;
-use std::task::{Context, Poll};
 
 use axum::body::Body;
-use futures_util::future::Either;
 use http::uri::PathAndQuery;
 use http::{header, Request, Response, StatusCode, Uri};
-use tower::{Layer, Service};
 
 use self::host::HostError;
 use self::path::PathError;
+use crate::pipeline::step::Step;
 use crate::upstream::forwarded::PeerAddr;
 use portcullis_problem::Problem;
 
@@ -92,49 +90,23 @@ impl TargetError {
     }
 }
 
-/// Settles the request target before routing: path normalised in place, authority checked.
+/// Settles the request target before routing: path normalised in place, authority checked
+/// (a [`Step`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct TargetLayer;
-
-/// The service of [`TargetLayer`].
-#[derive(Debug, Clone)]
-pub(crate) struct Target<S> {
-    inner: S,
-}
-
-// === impl TargetLayer ===
-
-impl<S> Layer<S> for TargetLayer {
-    type Service = Target<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        Target { inner }
-    }
-}
+pub(crate) struct Target;
 
 // === impl Target ===
 
-impl<S> Service<Request<Body>> for Target<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>>,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = Either<std::future::Ready<Result<Response<Body>, S::Error>>, S::Future>;
+impl Step for Target {
+    type Finish = ();
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
-        match settle(&mut request) {
-            Ok(()) => Either::Right(self.inner.call(request)),
-            Err(error) => {
-                let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
-                tracing::debug!(reason = error.code(), ?peer, "request target refused");
-                metrics::counter!("requests_refused_total", "reason" => error.code()).increment(1);
-                Either::Left(std::future::ready(Ok(error.problem().into_response())))
-            }
-        }
+    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
+        settle(request).map_err(|error| {
+            let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+            tracing::debug!(reason = error.code(), ?peer, "request target refused");
+            metrics::counter!("requests_refused_total", "reason" => error.code()).increment(1);
+            error.problem().into_response()
+        })
     }
 }
 

@@ -6,14 +6,19 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::*;
+use crate::pipeline::step::{StepLayer, StepService};
+use tower::{Layer, Service};
 
 /// What the inner service saw: (uri, Host values).
 type Seen = Arc<Mutex<Vec<(Uri, Vec<HeaderValue>)>>>;
 
 fn service(
     seen: Seen,
-) -> Target<impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone> {
-    TargetLayer.layer(tower::service_fn(move |request: Request<Body>| {
+) -> StepService<
+    impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+    Target,
+> {
+    StepLayer::new(Target).layer(tower::service_fn(move |request: Request<Body>| {
         let hosts = request
             .headers()
             .get_all(header::HOST)
