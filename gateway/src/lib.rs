@@ -3,14 +3,14 @@
 //!
 //! This crate is the binary and the data plane. It assembles the concern crates
 //! (`portcullis-ratelimit`, `portcullis-idempotency`, `portcullis-retry`) and its own layers
-//! into one pipeline ([`stack`], one commented line per layer), and runs the listeners
+//! into one pipeline (`stack`, one commented line per layer), and runs the listeners
 //! ([`run`]). Its tree is the request's path:
 //!
 //! - [`config`]: the TOML file, parsed once, validated fully, then frozen;
 //! - [`edge`]: listeners, the framing guard, and the first layers (health, hop-by-hop
 //!   fields, request id, size limits, request target);
-//! - [`pipeline`]: observe, route, tenant, shed, rate limit, idempotency, rescue;
-//! - [`upstream`]: the pooled client that sends one attempt, forwarded headers, the demo
+//! - `pipeline`: observe, route, tenant, shed, rate limit, idempotency, rescue;
+//! - `upstream`: the pooled client that sends one attempt, forwarded headers, the demo
 //!   upstream;
 //! - [`tls`]: certificates and keys for both legs.
 //!
