@@ -121,24 +121,7 @@ pub async fn run(
         })?;
     }
 
-    let upstreams = config
-        .upstreams
-        .iter()
-        .map(|u| Arc::new(Upstream::new(u)))
-        .collect();
-    let dependencies = config
-        .upstreams
-        .iter()
-        .map(|u| {
-            Arc::new(Dependency::new(
-                u.name.as_str(),
-                u.endpoints.len(),
-                u.dedupes_idempotency_keys,
-                u.budget,
-                u.circuit_breaker,
-            ))
-        })
-        .collect();
+    let (upstreams, dependencies) = upstreams(&config);
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
@@ -207,6 +190,24 @@ pub async fn run(
     db.close().await;
     tracing::info!("portcullis stopped");
     Ok(())
+}
+
+/// The pool and the retry state (budget, breaker) of every configured upstream, indexed alike.
+fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
+    config
+        .upstreams
+        .iter()
+        .map(|u| {
+            let dependency = Dependency::new(
+                u.name.as_str(),
+                u.endpoints.len(),
+                u.dedupes_idempotency_keys,
+                u.budget,
+                u.circuit_breaker,
+            );
+            (Arc::new(Upstream::new(u)), Arc::new(dependency))
+        })
+        .unzip()
 }
 
 /// The admin listener's app: operations routes, plus the admin API when a token is set.

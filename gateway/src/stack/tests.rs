@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use portcullis_control::{Database, Directory};
 use portcullis_idempotency::IdempotencyLock;
-use portcullis_retry::{Dependency, RetryTarget};
+use portcullis_retry::RetryTarget;
 use tower::ServiceExt;
 
 use super::{assemble, StackParts};
@@ -22,7 +22,7 @@ use crate::edge::ops::Health;
 use crate::pipeline::router::MatchedRoute;
 use crate::pipeline::tenant::Caller;
 use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
-use crate::upstream::proxy::{ProxyError, ProxyErrorKind, Upstream};
+use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
 
 const CONFIG: &str = r#"
 [server]
@@ -112,25 +112,10 @@ async fn stack() -> (HttpService, Log, tempfile::TempDir) {
         .await
         .unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());
+    let (upstreams, dependencies) = crate::upstreams(&config);
     let parts = StackParts {
-        upstreams: config
-            .upstreams
-            .iter()
-            .map(|u| Arc::new(Upstream::new(u)))
-            .collect(),
-        dependencies: config
-            .upstreams
-            .iter()
-            .map(|u| {
-                Arc::new(Dependency::new(
-                    u.name.as_str(),
-                    u.endpoints.len(),
-                    u.dedupes_idempotency_keys,
-                    u.budget,
-                    u.circuit_breaker,
-                ))
-            })
-            .collect(),
+        upstreams,
+        dependencies,
         limiter: crate::pipeline::ratelimit::build_limiter(&config).unwrap(),
         idempotency_store: crate::pipeline::idempotency::build_store(&config)
             .await
