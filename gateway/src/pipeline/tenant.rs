@@ -118,7 +118,7 @@ pub fn caller_key(extensions: &http::Extensions) -> u64 {
         (Some(Caller::Tenant(tenant)), _) => ("tenant", &tenant.id).hash(&mut hasher),
         (_, Some(ClientIp(ip))) => match ip.to_canonical() {
             IpAddr::V4(v4) => ("ip4", v4).hash(&mut hasher),
-            IpAddr::V6(v6) => ("ip6/64", v6.octets()[..8].to_vec()).hash(&mut hasher),
+            IpAddr::V6(v6) => ("ip6/64", &v6.octets()[..8]).hash(&mut hasher),
         },
         // Not resolved (never in the gateway's stack): one shared key.
         _ => "unknown".hash(&mut hasher),
