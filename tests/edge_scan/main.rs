@@ -14,16 +14,11 @@
 mod cases;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use portcullis_testkit::gateway::{parse_status, raw_request, GatewayOptions, GatewayProcess};
 use portcullis_testkit::h2frames;
-use portcullis_testkit::tls::{client_config, TestCa};
+use portcullis_testkit::tls::{tls_raw_request_offering, TestCa};
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
-use rustls_pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
 
@@ -146,21 +141,7 @@ async fn malformed_and_ambiguous_heads_never_reach_the_upstream() {
 /// Opens TLS offering `alpn`, sends `bytes`, returns what came back before the close (`None`:
 /// the handshake failed).
 async fn over_tls(addr: SocketAddr, ca: &TestCa, alpn: &[&[u8]], bytes: &[u8]) -> Option<Vec<u8>> {
-    let config = client_config(&ca.pem(), alpn, false);
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let exchange = async {
-        let tcp = TcpStream::connect(addr).await.ok()?;
-        let name = ServerName::try_from("localhost").ok()?;
-        let mut tls = connector.connect(name, tcp).await.ok()?;
-        tls.write_all(bytes).await.ok()?;
-        let mut out = Vec::new();
-        let _ = tls.read_to_end(&mut out).await;
-        Some(out)
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .ok()
-        .flatten()
+    tls_raw_request_offering(addr, &ca.pem(), alpn, bytes).await
 }
 
 #[tokio::test]

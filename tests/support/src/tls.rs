@@ -234,8 +234,19 @@ pub async fn tls_get_status(addr: SocketAddr, ca_pem: &str, path: &str) -> Optio
 /// Sends `bytes` over a fresh TLS connection (ALPN `http/1.1`, trusting `ca_pem`) and
 /// returns everything received until the server closes; `None` if that takes over 5 s.
 pub async fn tls_raw_request(addr: SocketAddr, ca_pem: &str, bytes: &[u8]) -> Option<Vec<u8>> {
+    tls_raw_request_offering(addr, ca_pem, &[b"http/1.1"], bytes).await
+}
+
+/// [`tls_raw_request`] offering the ALPN protocols `alpn` (none when empty); `None` also when
+/// the handshake fails.
+pub async fn tls_raw_request_offering(
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+    bytes: &[u8],
+) -> Option<Vec<u8>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let config = client_config(ca_pem, &[b"http/1.1"], false);
+    let config = client_config(ca_pem, alpn, false);
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let exchange = async {
         let tcp = TcpStream::connect(addr).await.ok()?;
