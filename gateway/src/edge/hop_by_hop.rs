@@ -18,8 +18,8 @@
 //! - **The upstream's response, in the proxy** ([`strip_upstream_response`]): innermost,
 //!   before the outer layers add `X-RateLimit-*`, `RateLimit*`, `Retry-After`,
 //!   `X-Request-Id` and `Idempotent-Replayed`, so an upstream cannot name those away either.
-//! - **The gateway's own outgoing request** ([`strip_fixed`]): only the fixed list, for the
-//!   hop to the upstream; no client `Connection` header is left to parse by then.
+//! - **The gateway's own outgoing request**: nothing more. The edge already removed every
+//!   client hop-by-hop field and no layer adds one, so the proxy does not scan again.
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -86,8 +86,8 @@ pub(crate) fn strip_upstream_response(headers: &mut HeaderMap) {
     strip_fixed(headers);
 }
 
-/// Removes only the fixed hop-by-hop list (the proxy's own outgoing hop).
-pub(crate) fn strip_fixed(headers: &mut HeaderMap) {
+/// Removes only the fixed hop-by-hop list.
+fn strip_fixed(headers: &mut HeaderMap) {
     for name in &FIXED {
         headers.remove(name);
     }

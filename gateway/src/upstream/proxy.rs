@@ -214,9 +214,8 @@ fn prepare(
     .map_err(|_| ProxyError::new(ProxyErrorKind::NoRoute, Some(index)))?;
     parts.version = http::Version::HTTP_11;
 
-    // The client's `Connection` and the fields it named went at the edge; what remains are
-    // the gateway's own headers, which no `Connection` token may remove here.
-    hop_by_hop::strip_fixed(&mut parts.headers);
+    // The client's hop-by-hop fields (the fixed list, `Connection` and what it named) went
+    // at the edge, and no layer since adds one: nothing to strip again on this hop.
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
         parts.headers.insert(header::HOST, host);
     }
