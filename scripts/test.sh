@@ -78,5 +78,10 @@ log "redis: $PORTCULLIS_TEST_REDIS_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
 log "validating docker-compose.yml (no engine needed)"
 docker-compose -f docker-compose.yml config -q
 
-log "cargo test --workspace"
-cargo test --workspace --locked "$@"
+# `scripts/test.sh -p <crate> ...` narrows the run; without `-p` it is the whole workspace.
+scope=(--workspace)
+for arg in "$@"; do
+  case "$arg" in -p|--package|-p*|--package=*) scope=() ;; esac
+done
+log "cargo test ${scope[*]:-} $*"
+cargo test "${scope[@]}" --locked "$@"
