@@ -9,7 +9,8 @@
 //! - [`config`]: the TOML file, parsed once, validated fully, then frozen;
 //! - [`edge`]: listeners, the framing guard, and the first layers (health, hop-by-hop
 //!   fields, request id, size limits, request target);
-//! - `pipeline`: observe, route, tenant, shed, rate limit, idempotency, rescue;
+//! - `pipeline`: observe, the request context (route and caller, resolved once and read by
+//!   every later layer), shed, rate limit, idempotency, rescue;
 //! - `upstream`: the pooled client that sends one attempt, forwarded headers, the demo
 //!   upstream;
 //! - [`tls`]: certificates and keys for both legs.

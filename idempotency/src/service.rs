@@ -138,7 +138,7 @@ where
             .map(|v| v.as_bytes()),
         body: &bytes,
     });
-    let record = RecordKey::new(settings.tenant.clone(), settings.route.clone(), key.clone());
+    let record = RecordKey::new(&*settings.tenant, &*settings.route, key.clone());
 
     let (fencing, took_over) = match acquire(store.as_ref(), &record, &fingerprint, &settings).await
     {

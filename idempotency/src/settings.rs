@@ -1,5 +1,6 @@
 //! Per-request settings, produced by the caller's extractor closure.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
@@ -38,11 +39,13 @@ pub enum OnInFlight {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencySettings {
     /// Tenant the request belongs to: part of the record scope and of the fingerprint.
-    pub tenant: String,
+    /// Shared, like the route and methods, so that an extractor hands out per-route
+    /// templates without copying strings per request.
+    pub tenant: Arc<str>,
     /// Route identifier: part of the record scope.
-    pub route: String,
+    pub route: Arc<str>,
     /// Methods that are deduplicated (default POST, PATCH); others pass through.
-    pub methods: Vec<Method>,
+    pub methods: Arc<[Method]>,
     /// Refuse requests without a key (400) instead of passing them through.
     pub require_key: bool,
     /// Retention of records after completion. Values below [`MIN_TTL`] are raised to it.
@@ -83,11 +86,11 @@ pub struct SettingsError {
 impl IdempotencySettings {
     /// Defaults for a tenant and route: POST and PATCH, key optional, 24 h retention,
     /// 35 s lease, reject duplicates in flight, 64-character keys, 1 MiB bodies.
-    pub fn new(tenant: impl Into<String>, route: impl Into<String>) -> Self {
+    pub fn new(tenant: impl Into<Arc<str>>, route: impl Into<Arc<str>>) -> Self {
         Self {
             tenant: tenant.into(),
             route: route.into(),
-            methods: vec![Method::POST, Method::PATCH],
+            methods: Arc::new([Method::POST, Method::PATCH]),
             require_key: false,
             ttl: MIN_TTL,
             lease: DEFAULT_LEASE,

@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc};
 use rand::{rngs::StdRng, SeedableRng};
 use tower::Layer;
 
-use super::{clock::WallClock, service::Retry};
+use super::{clock::WallClock, service::Retry, RetryTarget};
 
 /// Tells whether a request holds the gateway's idempotency lock, from its extensions.
 pub type IsProtected = fn(&http::Extensions) -> bool;
@@ -16,6 +16,11 @@ pub type IsProtected = fn(&http::Extensions) -> bool;
 /// breaker attributes failures to callers so no single caller can open it for everyone.
 /// Requests of one tenant (or one anonymous client) must map to one key.
 pub type CallerKey = fn(&http::Extensions) -> u64;
+
+/// Finds a request's [`RetryTarget`] in its extensions. By default the layer reads a
+/// `RetryTarget` extension; a gateway that keeps the target in its own request context
+/// points the layer there instead ([`RetryLayer::with_target`]), so it is never copied.
+pub type FindTarget = for<'a> fn(&'a http::Extensions) -> Option<&'a RetryTarget>;
 
 /// Wraps the upstream client in the retry loop. Cheap to clone.
 #[derive(Clone)]
@@ -26,8 +31,13 @@ pub struct RetryLayer {
 pub(super) struct Shared {
     pub(super) is_protected: IsProtected,
     pub(super) caller_key: CallerKey,
+    pub(super) target: FindTarget,
     pub(super) clock: Arc<dyn WallClock>,
     rng: RngSource,
+}
+
+fn target_extension(extensions: &http::Extensions) -> Option<&RetryTarget> {
+    extensions.get()
 }
 
 enum RngSource {
@@ -54,8 +64,27 @@ impl RetryLayer {
             shared: Arc::new(Shared {
                 is_protected,
                 caller_key,
+                target: target_extension,
                 clock,
                 rng: RngSource::Thread,
+            }),
+        }
+    }
+
+    /// Reads each request's [`RetryTarget`] with `target` instead of from a `RetryTarget`
+    /// extension.
+    pub fn with_target(self, target: FindTarget) -> Self {
+        self.rebuild(target, RngSource::Thread)
+    }
+
+    fn rebuild(self, target: FindTarget, rng: RngSource) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                is_protected: self.shared.is_protected,
+                caller_key: self.shared.caller_key,
+                target,
+                clock: self.shared.clock.clone(),
+                rng,
             }),
         }
     }
@@ -63,17 +92,14 @@ impl RetryLayer {
     /// Makes backoff draws reproducible (tests).
     #[cfg(test)]
     pub(crate) fn with_rng_seed(self, seed: u64) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                is_protected: self.shared.is_protected,
-                caller_key: self.shared.caller_key,
-                clock: self.shared.clock.clone(),
-                rng: RngSource::Seeded {
-                    seed,
-                    next: AtomicU64::new(0),
-                },
-            }),
-        }
+        let target = self.shared.target;
+        self.rebuild(
+            target,
+            RngSource::Seeded {
+                seed,
+                next: AtomicU64::new(0),
+            },
+        )
     }
 }
 

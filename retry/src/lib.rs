@@ -172,12 +172,13 @@ pub use self::{
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT},
-    layer::{CallerKey, IsProtected, RetryLayer},
+    layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
     service::Retry,
 };
 
-/// Request extension inserted by the router: the policy and upstream for this request.
+/// The policy and upstream of a request: a request extension, or found by the layer's
+/// [`FindTarget`].
 /// Without it the layer forwards the request once, with no buffering and no timeout.
 #[derive(Debug, Clone)]
 pub struct RetryTarget {

@@ -96,7 +96,7 @@ where
         policy,
         dependency: dep,
         idempotent_route,
-    }) = req.extensions().get::<RetryTarget>().cloned()
+    }) = (shared.target)(req.extensions()).cloned()
     else {
         // No policy: one attempt, no buffering, no timeout, no headers.
         return svc.call(req).await.map_err(RetryError::Upstream);
@@ -120,7 +120,7 @@ where
     let (parts, body) = req.into_parts();
     let mut body = if policy.max_retries() > 0 {
         let limit = policy.body_replay_limit();
-        match timeout_at(deadline.at, Prepared::read(&parts.headers, body, limit)).await {
+        match timeout_at(deadline.at, Prepared::read(body, limit)).await {
             Ok(prepared) => prepared.map_err(RetryError::RequestBody)?,
             Err(_) => return Err(RetryError::DeadlineExceeded),
         }

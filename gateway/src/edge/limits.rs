@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{header, Request, Response};
+use http::{Request, Response};
 use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
@@ -57,11 +57,9 @@ impl Step for Limits {
             let problem = Problem::headers_too_large(self.max_header_bytes).closing();
             return Err(problem.into_response());
         }
-        let declared = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
+        // hyper turned a valid Content-Length (the framing guard refused conflicting ones)
+        // into the body's exact size: the header is parsed once, by hyper.
+        let declared = request.body().size_hint().exact();
         if declared.is_some_and(|len| len > self.max_body_bytes) {
             let problem = Problem::body_too_large(self.max_body_bytes).closing();
             return Err(problem.into_response());

@@ -15,9 +15,8 @@ use portcullis_idempotency::{
 };
 
 use crate::config::{Config, IdempotencyBackend, InFlightMode};
-use crate::pipeline::router::MatchedRoute;
+use crate::pipeline::context::RequestContext;
 use crate::pipeline::tenant::Caller;
-use crate::upstream::forwarded::ClientIp;
 
 /// How often the memory store drops expired records.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -74,8 +73,8 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         .map(|route| {
             let idem = route.idempotency.as_ref()?;
             let upstream = config.upstreams.get(route.upstream)?;
-            let mut settings = LayerSettings::new(String::new(), route.prefix.clone());
-            settings.methods = idem.methods.clone();
+            let mut settings = LayerSettings::new("", route.prefix.as_str());
+            settings.methods = idem.methods.as_slice().into();
             settings.require_key = idem.require_key;
             settings.ttl = idem.ttl;
             settings.lease = idem.lease;
@@ -92,19 +91,21 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         })
         .collect();
     Arc::new(move |parts: &Parts| {
-        let route = parts.extensions.get::<MatchedRoute>()?;
-        let template = templates.get(route.0.index)?.as_ref()?;
-        if !template.methods.contains(&parts.method) {
-            return None;
-        }
-        let mut settings = template.clone();
-        settings.tenant = match parts.extensions.get::<Caller>() {
-            Some(Caller::Tenant(tenant)) => tenant.id.to_string(),
-            _ => match parts.extensions.get::<ClientIp>() {
-                Some(ip) => format!("ip:{}", ip.0),
-                None => "ip:unknown".to_owned(),
-            },
+        let context = RequestContext::of(&parts.extensions)?;
+        let template = templates.get(context.route.index)?.as_ref()?;
+        // The layer itself checks the method; a template copy is a few `Arc` increments and a
+        // tenant's scope is its id. Only an anonymous caller's scope is formatted, and only
+        // for a method the route deduplicates.
+        let tenant = match &context.caller {
+            Caller::Tenant(tenant) => tenant.id.clone(),
+            Caller::Anonymous if template.methods.contains(&parts.method) => {
+                format!("ip:{}", context.client.ip).into()
+            }
+            Caller::Anonymous => return None,
         };
-        Some(settings)
+        Some(LayerSettings {
+            tenant,
+            ..template.clone()
+        })
     })
 }

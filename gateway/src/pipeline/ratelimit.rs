@@ -6,10 +6,10 @@
 //! - the route's own limit for that caller (the tenant's override for the route, else the
 //!   route's `limit`), when there is one;
 //! - the tenant's daily and monthly request quotas (UTC calendar windows), when set;
-//! - the tenant's daily and monthly request quotas (UTC calendar windows), when set;
 //! - the global ceiling.
 //!
-//! Every policy is charged the route's `cost`.
+//! Every policy is charged the route's `cost`. Everything is read from the request context;
+//! a tenant's keys were encoded with its snapshot.
 
 use std::sync::Arc;
 
@@ -20,9 +20,8 @@ use portcullis_ratelimit::{
 };
 
 use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
-use crate::pipeline::router::MatchedRoute;
+use crate::pipeline::context::RequestContext;
 use crate::pipeline::tenant::Caller;
-use crate::upstream::forwarded::ClientIp;
 
 /// Builds the configured limiter. Redis is wrapped in the fallback that applies
 /// `rate_limit.on_store_error` when Redis fails or is slow.
@@ -79,13 +78,14 @@ pub fn extractor(
             .collect(),
     };
     move |parts: &Parts| {
-        let route = parts.extensions.get::<MatchedRoute>()?;
-        let cost = route.0.settings.cost;
-        let prefix = route.0.settings.prefix.as_str();
-        let route_default = policies.routes.get(route.0.index).and_then(Option::as_ref);
+        let context = RequestContext::of(&parts.extensions)?;
+        let route = &context.route;
+        let cost = route.settings.cost;
+        let prefix = route.settings.prefix.as_str();
+        let route_default = policies.routes.get(route.index).and_then(Option::as_ref);
         let mut request = LimitRequest::new();
-        match parts.extensions.get::<Caller>() {
-            Some(Caller::Tenant(tenant)) => {
+        match &context.caller {
+            Caller::Tenant(tenant) => {
                 // The tenant's keys were encoded with its snapshot: cloning them is an
                 // `Arc` increment, not a formatted string per request.
                 if let Some(policy) = &tenant.policy {
@@ -104,18 +104,17 @@ pub fn extractor(
                     request.push(key.clone(), policy.clone(), cost);
                 }
             }
-            _ => {
-                if let Some(ip) = parts.extensions.get::<ClientIp>() {
-                    if let Some(policy) = &policies.anonymous {
-                        request.push(LimitKey::ip(ip.0), policy.clone(), cost);
-                    }
-                    if let Some(policy) = route_default {
-                        request.push(
-                            LimitKey::route(Principal::Ip(ip.0), prefix),
-                            policy.clone(),
-                            cost,
-                        );
-                    }
+            Caller::Anonymous => {
+                let ip = context.client.ip;
+                if let Some(policy) = &policies.anonymous {
+                    request.push(LimitKey::ip(ip), policy.clone(), cost);
+                }
+                if let Some(policy) = route_default {
+                    request.push(
+                        LimitKey::route(Principal::Ip(ip), prefix),
+                        policy.clone(),
+                        cost,
+                    );
                 }
             }
         }

@@ -1,17 +1,16 @@
 //! Route matching: the longest configured prefix wins, on a path-segment boundary (`/orders`
 //! matches `/orders` and `/orders/7`, not `/ordersx`). Matching happens early in the stack
 //! because rate limiting (cost, per-route limits) and idempotency (per-route settings) depend
-//! on the route; the proxy at the end reads the same [`MatchedRoute`].
+//! on the route; the match goes into the request context, which every later layer reads.
 
 use std::sync::Arc;
 
 use axum::body::Body;
-use http::{Request, Response};
+use http::Response;
 
 use crate::config::RouteSettings;
 use crate::pipeline::metrics::RouteMetrics;
-use crate::pipeline::step::{Finish, Step};
-use portcullis_problem::Problem;
+use crate::pipeline::step::Finish;
 use portcullis_retry::{Dependency, RetryTarget};
 
 /// A configured route.
@@ -26,11 +25,6 @@ pub struct Route {
     /// Request counters and latency, registered once.
     pub metrics: RouteMetrics,
 }
-
-/// The route a request matched; in request extensions from here on (the response carries
-/// the route's [`RouteMetrics`] back to the observe layer).
-#[derive(Debug, Clone)]
-pub struct MatchedRoute(pub Arc<Route>);
 
 /// Routes ordered for longest-prefix matching.
 #[derive(Debug, Clone)]
@@ -88,33 +82,6 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
                 || rest.starts_with(';')
         }
         None => false,
-    }
-}
-
-/// Inserts [`MatchedRoute`] or answers 404 (a [`Step`]).
-#[derive(Debug, Clone)]
-pub(crate) struct RouteMatch {
-    table: RouteTable,
-}
-
-impl RouteMatch {
-    /// Matches against `table`.
-    pub(crate) fn new(table: RouteTable) -> Self {
-        Self { table }
-    }
-}
-
-impl Step for RouteMatch {
-    type Finish = RouteMetrics;
-
-    fn step(&self, request: &mut Request<Body>) -> Result<RouteMetrics, Response<Body>> {
-        let Some(route) = self.table.find(request.uri().path()).cloned() else {
-            return Err(Problem::no_route(request.uri().path()).into_response());
-        };
-        request.extensions_mut().insert(route.retry.clone());
-        let metrics = route.metrics.clone();
-        request.extensions_mut().insert(MatchedRoute(route));
-        Ok(metrics)
     }
 }
 

@@ -15,12 +15,12 @@ use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
+use crate::pipeline::context::{RequestContext, Resolve};
 use crate::pipeline::metrics::Observe;
 use crate::pipeline::rescue::RescueLayer;
-use crate::pipeline::router::{RouteMatch, RouteTable};
+use crate::pipeline::router::RouteTable;
 use crate::pipeline::shed::LoadShed;
 use crate::pipeline::step::StepLayer;
-use crate::pipeline::tenant::ResolveTenant;
 use crate::upstream::forwarded::TrustedProxies;
 use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
 use axum::body::Body;
@@ -50,7 +50,7 @@ pub struct StackParts {
 /// Builds the proxy listener's service.
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
-    let proxy = Proxy::new(parts.upstreams.clone(), trusted.clone());
+    let proxy = Proxy::new(parts.upstreams.clone());
     assemble(config, parts, trusted, proxy)
 }
 
@@ -81,14 +81,11 @@ where
             config.server.body_read_timeout,
         ))) // 413 / 431 / 408 for a body that does not arrive in time
         .layer(StepLayer::new(Target)) // path normalised in place (nginx rules), Host / :authority checked → 400
-        .layer(StepLayer::new(RouteMatch::new(RouteTable::new(
-            &config.routes,
-            &parts.dependencies,
-        )))) // longest prefix → MatchedRoute + RetryTarget, else 404
-        .layer(StepLayer::new(ResolveTenant::new(
+        .layer(StepLayer::new(Resolve::new(
+            RouteTable::new(&config.routes, &parts.dependencies),
             parts.directory.clone(),
-            trusted.clone(),
-        ))) // API key → Caller::Tenant, else anonymous by client IP; bad key → 401
+            trusted,
+        ))) // longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(LoadShed::new(config.server.max_in_flight))) // over the cap → 503 at once
         .layer(
             RateLimitLayer::new(
@@ -102,11 +99,14 @@ where
             crate::pipeline::idempotency::extractor(config),
         )) // keyed POST/PATCH: lock, replay, 409/422
         .layer(RescueLayer) // retry/upstream errors → problem+json (502/503/504/413)
-        .layer(RetryLayer::new(
-            |ext| ext.get::<IdempotencyLock>().is_some(),
-            crate::pipeline::tenant::caller_key, // the breaker attributes failures to callers
-            Arc::new(SystemWallClock),
-        )) // the one retry layer: ladder, backoff, budget, breaker, deadline
+        .layer(
+            RetryLayer::new(
+                |ext| ext.get::<IdempotencyLock>().is_some(),
+                RequestContext::breaker_key, // the breaker attributes failures to callers
+                Arc::new(SystemWallClock),
+            )
+            .with_target(RequestContext::retry_target),
+        ) // the one retry layer: ladder, backoff, budget, breaker, deadline
         .service(upstream); // pooled client, one attempt
     BoxCloneService::new(pipeline)
 }

@@ -12,14 +12,13 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use portcullis_control::{Database, Directory};
 use portcullis_idempotency::IdempotencyLock;
-use portcullis_retry::RetryTarget;
 use tower::ServiceExt;
 
 use super::{assemble, StackParts};
 use crate::config::Config;
 use crate::edge::listener::HttpService;
 use crate::edge::ops::Health;
-use crate::pipeline::router::MatchedRoute;
+use crate::pipeline::context::RequestContext;
 use crate::pipeline::tenant::Caller;
 use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
 use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
@@ -38,6 +37,13 @@ rate = 1000
 per = "1s"
 burst = 1000
 
+[[tenants]]
+id = "tiny"
+api_keys = ["tiny-key-00001"]
+rate = 1
+per = "1h"
+burst = 1
+
 [[upstreams]]
 name = "u"
 endpoints = ["http://127.0.0.1:9"]
@@ -50,6 +56,10 @@ idempotency = { require_key = true }
 
 [[routes]]
 prefix = "/fail"
+upstream = "u"
+
+[[routes]]
+prefix = "/limited"
 upstream = "u"
 "#;
 
@@ -84,18 +94,26 @@ fn stub(
             path: request.uri().path().to_owned(),
             request_id: request.headers().contains_key("x-request-id"),
             connection_named_removed: !request.headers().contains_key("x-secret"),
-            routed: ext.get::<MatchedRoute>().is_some(),
-            retry_target: ext.get::<RetryTarget>().is_some(),
-            caller_is_tenant: matches!(ext.get::<Caller>(), Some(Caller::Tenant(_))),
+            routed: RequestContext::of(ext).is_some(),
+            retry_target: RequestContext::retry_target(ext).is_some(),
+            caller_is_tenant: matches!(
+                RequestContext::of(ext).map(|c| &c.caller),
+                Some(Caller::Tenant(_))
+            ),
             locked: ext.get::<IdempotencyLock>().is_some(),
         };
         let fail = seen.path.starts_with("/fail");
+        let limited = seen.path.starts_with("/limited");
         if let Ok(mut log) = log.lock() {
             log.push(seen);
         }
         async move {
             if fail {
                 Err(ProxyError::new(ProxyErrorKind::ConnectRefused, Some(0)))
+            } else if limited {
+                let mut response = Response::new(Body::from("slow down (upstream)"));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                Ok(response)
             } else {
                 Ok(Response::new(Body::from("from upstream")))
             }
@@ -105,6 +123,12 @@ fn stub(
 
 /// The stack of [`CONFIG`] around a recording stub, on a fresh SQLite directory.
 async fn stack() -> (HttpService, Log, tempfile::TempDir) {
+    let (service, log, dir, _) = stack_with_directory().await;
+    (service, log, dir)
+}
+
+/// [`stack`], with the tenant directory it resolves callers against.
+async fn stack_with_directory() -> (HttpService, Log, tempfile::TempDir, Arc<Directory>) {
     let config = Config::parse(CONFIG, &HashMap::<String, String>::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = Database::sqlite(&dir.path().join("t.db")).await.unwrap();
@@ -120,7 +144,7 @@ async fn stack() -> (HttpService, Log, tempfile::TempDir) {
         idempotency_store: crate::pipeline::idempotency::build_store(&config)
             .await
             .unwrap(),
-        directory,
+        directory: directory.clone(),
         health: Arc::new(Health::new(db, Vec::new())),
     };
     let log = Log::default();
@@ -128,7 +152,7 @@ async fn stack() -> (HttpService, Log, tempfile::TempDir) {
     let service = assemble(&config, parts, trusted, stub(log.clone()));
     // Everything after set-up runs on paused time: backoff sleeps complete at once.
     tokio::time::pause();
-    (service, log, dir)
+    (service, log, dir, directory)
 }
 
 fn request(method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Request<Body> {
@@ -307,4 +331,37 @@ async fn upstream_failures_are_retried_then_rescued_into_problem_json() {
     assert_eq!(headers["content-type"], "application/problem+json");
     // A refused connection is provably unprocessed: retried (max_retries = 2) on paused time.
     assert_eq!(log.lock().unwrap().len(), 3);
+}
+
+/// Only the rate-limit layer's own 429s count against a tenant (the admin usage view): an
+/// upstream answering 429 (its own limit, passed through) is not a gateway rejection. Before
+/// the count moved to the rate-limit layer's observer, resolution counted every 429 status.
+#[tokio::test]
+async fn only_the_gateways_own_429s_count_against_a_tenant() {
+    let (service, log, _dir, directory) = stack_with_directory().await;
+    let counted = || {
+        let snapshot = directory.snapshot();
+        snapshot.by_id("tiny").map(|t| t.rate_limited_total())
+    };
+    let get = || request("GET", "/limited", &[("x-api-key", "tiny-key-00001")], "");
+
+    // Admitted by the limiter (burst 1); the upstream itself answers 429.
+    let (status, _, body) = send(&service, get()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body, "slow down (upstream)");
+    assert!(!log.lock().unwrap().is_empty());
+    assert_eq!(counted(), Some(0), "an upstream 429 is not a rejection");
+
+    // The bucket is empty now: the layer answers 429 itself, and that one counts.
+    let reached = log.lock().unwrap().len();
+    let (status, headers, body) = send(&service, get()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(problem_type(&body).ends_with("quota-exceeded"), "{body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(
+        log.lock().unwrap().len(),
+        reached,
+        "refused before the upstream"
+    );
+    assert_eq!(counted(), Some(1));
 }

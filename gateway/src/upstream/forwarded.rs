@@ -10,9 +10,17 @@ use ipnet::IpNet;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// The client IP the gateway believes, inserted before tenant resolution.
+/// The client as the gateway believes it: resolved once per request (see
+/// [`TrustedProxies::resolve`]) and kept in the request context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientIp(pub IpAddr);
+pub struct Client {
+    /// The client IP: the peer, or from `X-Forwarded-For` when the peer is trusted.
+    pub ip: IpAddr,
+    /// The TCP peer, IPv4-mapped addresses as IPv4.
+    pub peer: IpAddr,
+    /// The peer is a trusted proxy: its `X-Forwarded-*` fields are believed and extended.
+    pub peer_trusted: bool,
+}
 
 /// Which peers may speak for clients through `X-Forwarded-For`.
 #[derive(Debug, Clone, Default)]
@@ -27,19 +35,38 @@ impl TrustedProxies {
     }
 
     /// Whether `ip` is a trusted proxy.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    fn contains(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.0.iter().any(|net| net.contains(&ip))
     }
 
-    /// The client IP: the peer itself, unless the peer is trusted, in which case the
-    /// right-most address of `X-Forwarded-For` that is not itself a trusted proxy. Walking from
-    /// the right means a client cannot choose its own identity by prepending addresses.
-    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// The client of a request from `peer`: the peer itself, unless the peer is trusted, in
+    /// which case the right-most address of `X-Forwarded-For` that is not itself a trusted
+    /// proxy. Walking from the right means a client cannot choose its own identity by
+    /// prepending addresses. Whether the peer is trusted is decided here, once per request.
+    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> Client {
         let peer = canonical(peer);
-        if !self.contains(peer) {
-            return peer;
+        let peer_trusted = self.contains(peer);
+        let ip = if peer_trusted {
+            self.walk_forwarded_for(peer, headers)
+        } else {
+            peer
+        };
+        Client {
+            ip,
+            peer,
+            peer_trusted,
         }
+    }
+
+    #[cfg(test)]
+    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.resolve(peer, headers).ip
+    }
+
+    /// The right-most `X-Forwarded-For` address that is not a trusted proxy, from a trusted
+    /// `peer`.
+    fn walk_forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let mut client = peer;
         for value in headers.get_all("x-forwarded-for").iter().rev() {
             let Ok(text) = value.to_str() else {
@@ -60,11 +87,20 @@ impl TrustedProxies {
         client
     }
 
+    #[cfg(test)]
+    fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> String {
+        self.resolve(peer, headers).forwarded_for(headers)
+    }
+}
+
+// === impl Client ===
+
+impl Client {
     /// The `X-Forwarded-For` to send upstream: the trusted chain plus the peer, or — from an
     /// untrusted peer — only the peer, so backends never see a spoofed chain.
-    pub fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> String {
-        let peer = canonical(peer);
-        if self.contains(peer) {
+    pub fn forwarded_for(&self, headers: &HeaderMap) -> String {
+        let peer = self.peer;
+        if self.peer_trusted {
             let existing: Vec<&str> = headers
                 .get_all("x-forwarded-for")
                 .iter()

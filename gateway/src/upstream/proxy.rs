@@ -8,7 +8,6 @@
 //! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
 //! retry layer's safety decision depends on whether a byte may have reached the backend.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,8 +25,7 @@ use tower::Service;
 use crate::config::UpstreamSettings;
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
-use crate::pipeline::router::MatchedRoute;
-use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
+use crate::pipeline::context::RequestContext;
 use portcullis_retry::{AttemptInfo, ServedBy};
 
 mod client_body;
@@ -110,17 +108,15 @@ impl Upstream {
 #[derive(Debug, Clone)]
 pub struct Proxy {
     upstreams: Arc<[Arc<Upstream>]>,
-    trusted: Arc<TrustedProxies>,
 }
 
 // === impl Proxy ===
 
 impl Proxy {
     /// A proxy over `upstreams` (indexed as in the configuration).
-    pub fn new(upstreams: Vec<Arc<Upstream>>, trusted: Arc<TrustedProxies>) -> Self {
+    pub fn new(upstreams: Vec<Arc<Upstream>>) -> Self {
         Self {
             upstreams: upstreams.into(),
-            trusted,
         }
     }
 }
@@ -135,10 +131,10 @@ impl Service<Request<Body>> for Proxy {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let Some(route) = request.extensions().get::<MatchedRoute>().cloned() else {
+        let Some(context) = request.extensions().get::<Arc<RequestContext>>().cloned() else {
             return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
         };
-        let Some(upstream) = self.upstreams.get(route.0.settings.upstream).cloned() else {
+        let Some(upstream) = self.upstreams.get(context.route.settings.upstream).cloned() else {
             return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
         };
         let avoid = request
@@ -146,7 +142,7 @@ impl Service<Request<Body>> for Proxy {
             .get::<AttemptInfo>()
             .and_then(|a| a.avoid_endpoint);
         let index = upstream.pick(avoid);
-        let prepared = prepare(request, &route, &upstream, index, &self.trusted);
+        let prepared = prepare(request, &context, &upstream, index);
         async move {
             let request = prepared?;
             // Bodiless requests (most GETs) need no witness and skip its allocation.
@@ -184,20 +180,16 @@ impl Service<Request<Body>> for Proxy {
 /// Rewrites the request for the chosen endpoint.
 fn prepare(
     request: Request<Body>,
-    route: &MatchedRoute,
+    context: &RequestContext,
     upstream: &Upstream,
     index: usize,
-    trusted: &TrustedProxies,
 ) -> Result<Request<Body>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     let Some((scheme, authority)) = upstream.endpoints.get(index).cloned() else {
         return Err(ProxyError::new(ProxyErrorKind::NoRoute, None));
     };
-    let path_and_query = upstream_path(
-        &parts.uri,
-        &route.0.settings.prefix,
-        route.0.settings.strip_prefix,
-    );
+    let route = &context.route.settings;
+    let path_and_query = upstream_path(&parts.uri, &route.prefix, route.strip_prefix);
     let client_tls = parts.extensions.get::<ClientTls>().is_some();
     // HTTP/2 clients send :authority instead of Host.
     let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -219,28 +211,24 @@ fn prepare(
     if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
         parts.headers.insert(header::HOST, host);
     }
-    let peer: Option<IpAddr> = parts.extensions.get::<PeerAddr>().map(|p| p.0.ip());
-    if let Some(peer) = peer {
-        let chain = trusted.forwarded_for(peer, &parts.headers);
-        if let Ok(value) = HeaderValue::from_str(&chain) {
-            parts.headers.insert(X_FORWARDED_FOR.clone(), value);
-        }
-        let proto_trusted =
-            trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_PROTO);
-        if !proto_trusted {
-            let proto = if client_tls { "https" } else { "http" };
-            parts
-                .headers
-                .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-        }
-        if !(trusted.contains(peer) && parts.headers.contains_key(&X_FORWARDED_HOST)) {
-            match original_host {
-                Some(host) => {
-                    parts.headers.insert(X_FORWARDED_HOST.clone(), host);
-                }
-                None => {
-                    parts.headers.remove(&X_FORWARDED_HOST);
-                }
+    let client = &context.client;
+    let chain = client.forwarded_for(&parts.headers);
+    if let Ok(value) = HeaderValue::from_str(&chain) {
+        parts.headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+    if !(client.peer_trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if client_tls { "https" } else { "http" };
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    }
+    if !(client.peer_trusted && parts.headers.contains_key(&X_FORWARDED_HOST)) {
+        match original_host {
+            Some(host) => {
+                parts.headers.insert(X_FORWARDED_HOST.clone(), host);
+            }
+            None => {
+                parts.headers.remove(&X_FORWARDED_HOST);
             }
         }
     }
