@@ -111,5 +111,7 @@ where
     BoxCloneService::new(pipeline)
 }
 
+#[doc(hidden)]
+pub mod bench;
 #[cfg(test)]
 mod tests;
