@@ -1,8 +1,8 @@
 //! Executing a locked request and settling its record per the outcome table.
 //!
-//! Runs inside its own task (spawned by the service), so once the request may have reached
-//! the upstream, the record is always settled — even if the client disconnects and hyper
-//! drops the response future.
+//! Runs to completion even if the client disconnects and hyper drops the response future
+//! (the service wraps it in `detach::Detached`), so once the request may have reached the
+//! upstream, the record is always settled.
 //!
 //! The response body is buffered (up to `max_stored_response_bytes`) and the record is
 //! completed **before** the response is returned: a client that received a response and

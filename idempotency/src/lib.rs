@@ -50,13 +50,14 @@
 //!
 //! # Failures and cancellation
 //!
-//! Once locked, the request runs in its own task: if the client disconnects, the upstream
-//! call still finishes and the record is still settled, so a retry gets the replay rather
+//! Once locked, the request runs to its outcome: inline while the client waits, in a task of
+//! its own once the client disconnects, so the upstream call still finishes and the record
+//! is still settled, so a retry gets the replay rather
 //! than a second execution. If the inner service returns an error (no response), the
 //! upstream may or may not have acted, so the key is settled as ambiguous: a 502
 //! "outcome unknown" problem is stored and replayed (released instead when the upstream
-//! dedupes on the key); the error itself is returned unchanged. If the task panics, the
-//! lease is left to expire. No key is stuck longer than its lease. (Hence the service needs
+//! dedupes on the key); the error itself is returned unchanged. If it panics, the client gets
+//! a 500 problem and the lease is left to expire. No key is stuck longer than its lease. (Hence the service needs
 //! a Tokio runtime, as axum and hyper-util servers provide.)
 //!
 //! # Where it sits
@@ -83,6 +84,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+mod detach;
 mod extensions;
 pub mod fingerprint;
 mod forward;

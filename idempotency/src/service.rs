@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tower::Service;
 use tracing::Instrument;
 
+use crate::detach::{Detached, Panicked};
 use crate::extensions::IdempotencyLock;
 use crate::fingerprint::{Fingerprint, FingerprintInput};
 use crate::forward::{self, Held};
@@ -155,8 +156,9 @@ where
         return Ok(forward::interrupted(held).await);
     }
 
-    // From here the request runs to completion in its own task, so a client that hangs up
-    // cannot cancel it between "sent upstream" and "outcome recorded" (see `forward`).
+    // From here the request runs to completion even if the client hangs up: inline while the
+    // client waits, in a task of its own once it stops waiting (see `detach`), so nothing can
+    // cancel it between "sent upstream" and "outcome recorded".
     parts.extensions.insert(IdempotencyLock { key, fencing });
     let req = Request::from_parts(parts, Body::from(bytes));
     let held = Held {
@@ -166,12 +168,12 @@ where
         settings,
     };
     let task = forward::execute(inner, req, held).instrument(tracing::Span::current());
-    match tokio::spawn(task).await {
+    match Detached::new(task).await {
         Ok(result) => result,
-        Err(e) => {
+        Err(Panicked) => {
             // A panic below us: the outcome is unknown, so the lease is left to expire
             // rather than released (see the crate docs, "Failures and cancellation").
-            tracing::error!(error = %e, "idempotent request task failed");
+            tracing::error!("idempotent request panicked below the idempotency layer");
             Ok(Rejection::Internal.into_response())
         }
     }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use http::{HeaderName, HeaderValue};
 
 /// Attempt number (1-based) sent on every attempt, so backends and sidecars see that the
@@ -27,9 +27,62 @@ pub(crate) fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
 /// Formats `at` as RFC 3339 UTC with milliseconds (`2026-03-06T12:00:00.800Z`), truncating
 /// so the forwarded deadline is never later than the real one.
 pub(crate) fn format_deadline(at: SystemTime) -> HeaderValue {
-    let s = DateTime::<Utc>::from(at).to_rfc3339_opts(SecondsFormat::Millis, true);
-    // RFC 3339 output is ASCII, so this cannot fail; fall back to the static epoch anyway.
-    HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("1970-01-01T00:00:00.000Z"))
+    use std::fmt::Write;
+    // Formatted on the stack: the header value's own copy is the request's one allocation.
+    let mut text = StackText::default();
+    let formatted = write!(
+        text,
+        "{}",
+        DateTime::<Utc>::from(at).format("%Y-%m-%dT%H:%M:%S%.3fZ")
+    );
+    // RFC 3339 output is ASCII and fits (years past 9999 do not): fall back to the epoch.
+    match formatted
+        .ok()
+        .and_then(|()| HeaderValue::from_bytes(text.as_bytes()).ok())
+    {
+        Some(value) => value,
+        None => HeaderValue::from_static("1970-01-01T00:00:00.000Z"),
+    }
+}
+
+/// The `X-Retry-Attempt` value of attempt `number`; the usual ones are static.
+pub(crate) fn attempt_value(number: u32) -> HeaderValue {
+    const STATIC: [HeaderValue; 6] = [
+        HeaderValue::from_static("1"),
+        HeaderValue::from_static("2"),
+        HeaderValue::from_static("3"),
+        HeaderValue::from_static("4"),
+        HeaderValue::from_static("5"),
+        HeaderValue::from_static("6"),
+    ];
+    usize::try_from(number)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| STATIC.get(i).cloned())
+        .unwrap_or_else(|| HeaderValue::from(number))
+}
+
+/// A fixed buffer for one RFC 3339 timestamp; writing past its end is an error.
+#[derive(Default)]
+struct StackText {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl StackText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len.checked_add(s.len()).ok_or(std::fmt::Error)?;
+        let slot = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// Parses `Retry-After` (RFC 9110 §10.2.3) leniently: delta-seconds or an HTTP-date, with

@@ -19,8 +19,8 @@ use super::{
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{
-        format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
-        X_REQUEST_ID, X_RETRY_ATTEMPT,
+        attempt_value, format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY,
+        X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT,
     },
     layer::Shared,
     metrics::Stop,
@@ -133,11 +133,10 @@ where
         (shared.is_protected)(&parts.extensions),
         dep.dedupes_idempotency_keys(),
     );
-    let correlation_id = header_str(&parts.headers, &X_REQUEST_ID).to_owned();
-    let idempotency_key = header_str(&parts.headers, &IDEMPOTENCY_KEY).to_owned();
     let deadline_header = format_deadline(deadline.wall);
     let max_attempts = policy.max_attempts();
-    let mut backoff = Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng());
+    // Seeded only when a retry is considered: most requests never need a random draw.
+    let mut backoff = None;
 
     dep.budget().deposit();
     dep.metrics().request();
@@ -148,7 +147,7 @@ where
     loop {
         let mut req = Request::from_parts(parts.clone(), body.take());
         req.headers_mut()
-            .insert(X_RETRY_ATTEMPT, HeaderValue::from(attempt));
+            .insert(X_RETRY_ATTEMPT, attempt_value(attempt));
         req.headers_mut()
             .insert(X_REQUEST_DEADLINE, deadline_header.clone());
         req.extensions_mut().insert(AttemptInfo {
@@ -183,7 +182,11 @@ where
 
         // Retryable and safe. Is another attempt possible?
         let retry_after = last.retry_after(shared.clock.now());
-        let backoff_delay = backoff.next_delay();
+        let backoff_delay = backoff
+            .get_or_insert_with(|| {
+                Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng())
+            })
+            .next_delay();
         let wait = backoff_delay.max(retry_after.unwrap_or_default());
         let stop = if attempt >= max_attempts {
             Some(Stop::Attempts)
@@ -205,7 +208,8 @@ where
             None
         };
         if let Some(stop) = stop {
-            report(stop, &dep, attempt, &error_type, &correlation_id);
+            let correlation_id = header_str(&parts.headers, &X_REQUEST_ID);
+            report(stop, &dep, attempt, &error_type, correlation_id);
             permit.record(health);
             return last.into_result();
         }
@@ -213,13 +217,13 @@ where
         attempt += 1;
         let backoff_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
-            correlation_id = %correlation_id,
+            correlation_id = header_str(&parts.headers, &X_REQUEST_ID),
             dependency = %name,
             attempt,
             max_attempts,
             backoff_ms,
             error_type = %error_type,
-            idempotency_key = %idempotency_key,
+            idempotency_key = header_str(&parts.headers, &IDEMPOTENCY_KEY),
             retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             rung = ?rung,
             "retrying upstream request"
