@@ -103,10 +103,9 @@ fn memory_store(c: &mut Criterion) {
                 panic!("fresh key must lock");
             };
             let done = Completion::Response(response.clone());
-            store
-                .complete(&key, fencing, done, retention)
-                .await
-                .unwrap();
+            // On a busy machine a preemption can outlast the 10 ms lease; the refused
+            // completion (LeaseLost) costs the same, so it is not an error here.
+            let _ = store.complete(&key, fencing, done, retention).await;
         })
     });
 
@@ -138,6 +137,7 @@ fn memory_store(c: &mut Criterion) {
     // record first evicts the one nearest its expiry (the expiry index's hot path).
     let full = MemoryStore::new(8 << 20);
     let day = Duration::from_secs(24 * 3600);
+    let lease = Duration::from_secs(60);
     let lock_complete_full = |key: RecordKey| {
         let full = &full;
         let response = &response;
