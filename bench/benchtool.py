@@ -388,7 +388,7 @@ def summarize(outdir):
         w(f"\nLoad average (all processes on the machine, not only this benchmark): "
           f"{m.get('loadavg_start', '?')} at the start, {m.get('loadavg_end', '?')} at the end.")
 
-    for frag in ("roundtrips.md", "rl-roundtrips.md", "amplification.md", "profile.md"):
+    for frag in ("openloop.md", "roundtrips.md", "rl-roundtrips.md", "amplification.md", "profile.md"):
         p = os.path.join(outdir, frag)
         if os.path.exists(p):
             with open(p, encoding="utf-8") as f:
@@ -526,6 +526,50 @@ def _rate_limit_section(w, rows, raw, meta):
 # ---------------------------------------------------------------------------- main
 
 
+def openloop_summary(tsv, spec, conns, duration, rounds):
+    """Markdown table of the open-loop runs: medians over rounds per (target, load), and the
+    median of same-round p99 ratios Portcullis / nginx."""
+    runs = {}
+    with open(tsv, encoding="utf-8") as f:
+        for line in f:
+            p = line.rstrip("\n").split("\t")
+            if len(p) < 5:
+                continue
+            try:
+                d = json.loads(p[4])
+            except ValueError:
+                continue
+            runs[(int(p[0]), p[1], int(p[2]))] = d
+    out = ["### Latency at equal offered load (open loop)", "",
+           f"`bench-openloop` (`tests/support/src/bin/bench-openloop.rs`, CPU 0, {conns} connections, 1 s warm-up then "
+           f"{duration} s measured, {rounds} round(s)): requests at a fixed rate, connection k of C sending its j-th "
+           "request at start + (j·C + k) / rate; latency from that *intended* time to the end of the response, so "
+           "a stall is charged to every request it delayed (coordinated omission corrected, as wrk2 does). Rates are "
+           "25, 50 and 75 % of the saturation rate the nginx reference reached in this run's throughput rounds "
+           "(median). Medians over rounds; p99 × nginx = median of same-round ratios. *Missed* = requests due "
+           "before the end but never sent (their connection was still waiting), counted with their wait so far.", "",
+           "| mode | load | offered req/s | nginx p50 / p99 / p99.9 | Portcullis p50 / p99 / p99.9 | p99 × nginx | Portcullis achieved req/s | non-2xx / errors / missed (nginx; Portcullis) |",
+           "|---|---:|---:|---|---|---:|---:|---|"]
+    rnds = sorted({k[0] for k in runs})
+    for item in filter(None, spec.split(";")):
+        mode, ref, pc, sat = item.split("|")
+        for pct in sorted({k[2] for k in runs}):
+            def med(t, key):
+                return _median([runs[(r, t, pct)][key] for r in rnds if (r, t, pct) in runs])
+            def bad(t):
+                xs = [runs[(r, t, pct)] for r in rnds if (r, t, pct) in runs]
+                return f"{sum(x['non2xx'] for x in xs)} / {sum(x['errors'] for x in xs)} / {sum(x['missed'] for x in xs)}"
+            ratio = [runs[(r, pc, pct)]["p99_us"] / runs[(r, ref, pct)]["p99_us"] for r in rnds
+                     if (r, pc, pct) in runs and (r, ref, pct) in runs and runs[(r, ref, pct)]["p99_us"] > 0]
+            offered = med(ref, "offered_rps")
+            if offered != offered:
+                continue
+            trip = lambda t: " / ".join(_us(med(t, k)) for k in ("p50_us", "p99_us", "p999_us"))
+            out.append(f"| {mode} ({pc} vs {ref}) | {pct} % of {int(sat):,} | {offered:,.0f} | {trip(ref)} | {trip(pc)} | "
+                       f"{_fmt(_median(ratio), '.2f')} | {med(pc, 'achieved_rps'):,.0f} | {bad(ref)}; {bad(pc)} |")
+    print("\n".join(out))
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -555,6 +599,8 @@ def main():
         n = int(args[1])
         top = sorted(calls.items(), key=lambda kv: -kv[1])[:5]
         print(f"{sum(calls.values()) / n:.2f}\t" + ", ".join(f"{k} {v / n:.2f}" for k, v in top))
+    elif cmd == "openloop-summary":
+        openloop_summary(args[0], args[1], args[2], args[3], args[4])
     elif cmd == "openloop":
         import argparse
 

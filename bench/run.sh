@@ -13,7 +13,8 @@
 #                LD_PRELOAD=libjemalloc.so.2 (an allocator A/B without changing code)
 #
 # Environment overrides (defaults in brackets): ROUNDS [5], DURATION [5] (s per target and
-# round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3], LAT_CONNS [20], LAT_DELAY_MS [10],
+# round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3] (s measured per open-loop run, after
+# 1 s of warm-up), LAT_CONNS [64] (open-loop connections),
 # RT_N [200] (keyed requests for the round-trip count), AMP_RATE [200] (req/s),
 # AMP_OUTAGE [20] (s), CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench].
 #
@@ -34,7 +35,9 @@
 #      limit_req targets they are compared with;
 #   3. throughput: ROUNDS rounds, every target once per round (order reversed on even rounds),
 #      wrk -t1 -cCONNS -dDURATION --latency, same Lua script (bench/wrk/bench.lua) for all;
-#   4. latency at equal offered load: wrk paced by a per-connection delay;
+#   4. open-loop latency (bench-openloop, coordinated omission corrected): p50/p99/p99.9 at
+#      25, 50 and 75 % of the saturation rate nginx reached in step 3, for pass-through GET,
+#      local rate limit GET and keyed POST, nginx and Portcullis alike;
 #   5. peak RSS (VmHWM) of every process;
 #   6. store round trips per keyed request: RT_N first executions then RT_N replays over one
 #      keep-alive connection; Redis INFO commandstats deltas, pg_stat_statements calls, and
@@ -74,11 +77,11 @@ if [[ $QUICK == 1 ]]; then
     : "${AMP_OUTAGE:=8}" "${AMP_WARMUP:=2}" "${AMP_AFTER:=12}"
 fi
 ROUNDS=${ROUNDS:-5} DURATION=${DURATION:-5} CONNS=${CONNS:-64}
-LAT_ROUNDS=${LAT_ROUNDS:-3} LAT_DURATION=${LAT_DURATION:-3} LAT_CONNS=${LAT_CONNS:-20} LAT_DELAY_MS=${LAT_DELAY_MS:-10}
+LAT_ROUNDS=${LAT_ROUNDS:-3} LAT_DURATION=${LAT_DURATION:-3} LAT_CONNS=${LAT_CONNS:-64}
 RT_N=${RT_N:-200}
 AMP_RATE=${AMP_RATE:-200} AMP_WARMUP=${AMP_WARMUP:-5} AMP_OUTAGE=${AMP_OUTAGE:-20} AMP_AFTER=${AMP_AFTER:-15}
 CLIENT_CPU=${CLIENT_CPU:-0} SUT_CPU=${SUT_CPU:-1}
-for v in ROUNDS DURATION CONNS LAT_ROUNDS LAT_DURATION LAT_CONNS LAT_DELAY_MS RT_N AMP_RATE AMP_OUTAGE; do
+for v in ROUNDS DURATION CONNS LAT_ROUNDS LAT_DURATION LAT_CONNS RT_N AMP_RATE AMP_OUTAGE; do
     [[ ${!v} =~ ^[0-9]+$ ]] && ((${!v} > 0 && ${!v} <= 100000)) || { echo "$v=${!v}: want a positive integer" >&2; exit 2; }
 done
 ((ROUNDS <= 50 && DURATION <= 60 && LAT_ROUNDS <= 20 && LAT_DURATION <= 60 && AMP_OUTAGE <= 120)) || { echo "rounds/durations too large" >&2; exit 2; }
@@ -97,7 +100,7 @@ if [[ $BUILD == 1 ]]; then
     log "building release binaries into $CARGO_TARGET_DIR"
     (cd "$ROOT" && cargo build --release -p portcullis-gateway -p portcullis-testkit)
 fi
-for b in portcullis bench-upstream; do
+for b in portcullis bench-upstream bench-openloop; do
     [[ -x $BIN/$b ]] || { echo "missing $BIN/$b (run without --no-build)" >&2; exit 1; }
 done
 
@@ -201,7 +204,6 @@ pick_port ADMIN_BASE 28600
     echo "duration=$DURATION"
     echo "rounds=$ROUNDS"
     echo "lat_conns=$LAT_CONNS"
-    echo "lat_delay_ms=$LAT_DELAY_MS"
     echo "lat_rounds=$LAT_ROUNDS"
     echo "lat_duration=$LAT_DURATION"
     echo "wrk=$(wrk -v 2>&1 | sed -n 1p)"
@@ -368,7 +370,6 @@ TARGETS=(
     "pc-rl-keyed-mem|post|http://127.0.0.1:$GW_RL_MEM/orders|POST|Idempotency-Key|auth"
     "pc-rl-keyed-redis|post|http://127.0.0.1:$GW_RL_REDIS/orders|POST|Idempotency-Key|auth"
 )
-LAT_TARGETS=(direct nginx nginx-limit pc-pass pc-rl-local nginx-post pc-unkeyed pc-keyed-mem nginx-limit-post pc-rl-keyed-mem)
 
 printf 'phase\tround\ttarget\tgroup\trps\tp50_us\tp99_us\trequests\tnon2xx\terrors\n' >"$RAW/runs.tsv"
 
@@ -436,15 +437,58 @@ for ((r = 1; r <= ROUNDS; r++)); do
     for spec in "${order[@]}"; do run_wrk tput "$r" "$spec" "$DURATION" "$CONNS" 0; done
 done
 
-log "paced latency: $LAT_ROUNDS rounds x ${#LAT_TARGETS[@]} targets x $LAT_DURATION s"
-for ((r = 1; r <= LAT_ROUNDS; r++)); do
-    order=("${LAT_TARGETS[@]}")
-    if ((r % 2 == 0)); then
-        order=()
-        for ((i = ${#LAT_TARGETS[@]} - 1; i >= 0; i--)); do order+=("${LAT_TARGETS[i]}"); done
+# --------------------------------------------------------------------------- open-loop latency
+# Each pair: mode | nginx reference (its saturation rate sets the offered rates) | Portcullis.
+OL_PAIRS=("pass-through GET|nginx|pc-pass" "local rate limit GET|nginx-limit|pc-rl-local" "keyed POST|nginx-post|pc-keyed-mem")
+OL_PCTS=(25 50 75)
+# openloop_run ROUND TARGET RATE PCT: one bench-openloop run, appended to $RAW/openloop.tsv.
+openloop_run() {
+    local round=$1 t=$2 rate=$3 pct=$4 name group url method hdr auth
+    IFS='|' read -r name group url method hdr auth <<<"$(spec_of "$t")"
+    local hostport=${url#http://} args=()
+    hostport=${hostport%%/*}
+    args=(--addr "$hostport" --path "/${url#http://*/}" --method "$method" --rate "$rate"
+        --duration "$LAT_DURATION" --warmup 1 --conns "$LAT_CONNS")
+    if [[ $method == POST ]]; then
+        args+=(--header "Content-Type: application/json" --body '{"item":"book","qty":1,"note":"portcullis benchmark payload"}')
     fi
-    for t in "${order[@]}"; do run_wrk lat "$r" "$(spec_of "$t")" "$LAT_DURATION" "$LAT_CONNS" "$LAT_DELAY_MS"; done
-done
+    [[ -n $hdr ]] && args+=(--seq-header "$hdr" --seq-prefix "$RUN_ID-ol$round-$pct-$name")
+    [[ $auth == auth ]] && args+=(--header "Authorization: Bearer $BENCH_API_KEY")
+    local file=$RAW/ol-r$round-$pct-$t.json
+    taskset -c "$CLIENT_CPU" timeout $((LAT_DURATION + 30)) "$BIN/bench-openloop" "${args[@]}" >"$file" 2>"$file.err" || true
+    printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$t" "$pct" "$rate" "$(tr -d '\n' <"$file")" >>"$RAW/openloop.tsv"
+    log "open loop r$round $t at $pct % ($rate req/s): $(cat "$file")"
+}
+openloop_latency() {
+    : >"$RAW/openloop.tsv"
+    declare -A sat
+    local pair mode ref pc r pct rate
+    for pair in "${OL_PAIRS[@]}"; do
+        IFS='|' read -r mode ref pc <<<"$pair"
+        sat[$ref]=$(awk -F'\t' -v t="$ref" '$1 == "tput" && $3 == t { print $5 }' "$RAW/runs.tsv" | sort -g |
+            awk '{ a[NR] = $1 } END { if (NR) printf "%.0f", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')
+        [[ -n ${sat[$ref]} && ${sat[$ref]} -gt 0 ]] || { echo "no saturation rate for $ref" >&2; return 1; }
+    done
+    log "open-loop latency: $LAT_ROUNDS rounds x ${#OL_PCTS[@]} rates x ${#OL_PAIRS[@]} pairs x (${LAT_DURATION} + 1) s"
+    for ((r = 1; r <= LAT_ROUNDS; r++)); do
+        for pct in "${OL_PCTS[@]}"; do
+            for pair in "${OL_PAIRS[@]}"; do
+                IFS='|' read -r mode ref pc <<<"$pair"
+                rate=$((sat[$ref] * pct / 100))
+                # Alternate which of the two goes first, as the throughput rounds do.
+                if ((r % 2)); then
+                    openloop_run "$r" "$ref" "$rate" "$pct"; openloop_run "$r" "$pc" "$rate" "$pct"
+                else
+                    openloop_run "$r" "$pc" "$rate" "$pct"; openloop_run "$r" "$ref" "$rate" "$pct"
+                fi
+            done
+        done
+    done
+    local spec=""
+    for pair in "${OL_PAIRS[@]}"; do IFS='|' read -r mode ref pc <<<"$pair"; spec+="$mode|$ref|$pc|${sat[$ref]};"; done
+    python3 "$BENCH/benchtool.py" openloop-summary "$RAW/openloop.tsv" "$spec" "$LAT_CONNS" "$LAT_DURATION" "$LAT_ROUNDS" >"$OUT/openloop.md"
+}
+openloop_latency
 
 # --------------------------------------------------------------------------- store round trips
 BODY_FILE=$TMP/body.json

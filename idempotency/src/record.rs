@@ -17,9 +17,9 @@ mod codec;
 pub use codec::DecodeError;
 pub(crate) use codec::{headers_from_json, headers_to_json};
 
-/// A record in the in-process representation used by [`MemoryStore`](crate::MemoryStore).
-/// Server-side stores (Redis, PostgreSQL) keep the same states in their own encoding and on
-/// server time.
+/// A record's states in plain Rust types. Every store keeps these states in its own encoding:
+/// [`MemoryStore`](crate::MemoryStore) as one compact allocation per record, Redis and
+/// PostgreSQL on server time.
 #[derive(Debug, Clone)]
 pub enum Record {
     /// The first copy of the request holds the lock and is being executed.

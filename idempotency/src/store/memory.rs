@@ -1,9 +1,12 @@
 //! In-process store for the single-node embedded mode.
 //!
 //! - **Bounded by bytes**, not entries: one stored 1 MiB response weighs as much as thousands
-//!   of small ones. Accounting is approximate (key strings twice, response headers and body,
-//!   plus a measured [`ENTRY_OVERHEAD`] for map, index and allocator overhead), so the bound
-//!   tracks resident memory within about 10 % for small responses.
+//!   of small ones. A record is one exact-size allocation (its key, and once completed its
+//!   status, headers and body, encoded back to back) plus a fixed-size table entry and an
+//!   expiry-heap item; it is charged the allocation rounded up to allocator size classes
+//!   plus [`ENTRY_OVERHEAD`] (the table slot at 50 % load and 1.5 heap items). With the
+//!   gateway's allocator, resident memory tracks the bound within about 10 % for small
+//!   responses (BENCHMARKS.md, "Cost growth").
 //! - **When full**, expired records go first, then finished records nearest their expiry
 //!   (across all shards; each eviction peeks every shard, which is fine on this rare path).
 //!   In-flight records with a live lease are never evicted: that would let a duplicate run
@@ -13,13 +16,13 @@
 //!   and the capacity should cover `retention × keyed request rate × response size`.
 //! - **TTL**: each `try_lock` purges the expired records of its shard; eviction under
 //!   pressure and [`MemoryStore::purge_expired`] sweep the others.
-//! - **Sharded** `Mutex<HashMap>` (16 shards). Locks are held for map operations only, never
+//! - **Sharded** `Mutex<Shard>` (16 shards, see `shard.rs` for the table and expiry heap). Locks are held for map operations only, never
 //!   across an `.await`. Eviction visits other shards with `try_lock`, so two shards are
 //!   never waited on at once and lock order cannot deadlock.
 //! - **Time**: leases and TTLs run on `tokio::time::Instant`, so tests drive them with
 //!   `start_paused`; wall-clock times for the admin view come from the injected [`Clock`].
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::RandomState;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -30,18 +33,20 @@ use tokio::time::Instant;
 use super::{LockOutcome, RecordKey, Store, StoreError};
 use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
-use crate::record::{Completion, Record, RecordInfo, RecordState};
+use crate::record::{Completion, RecordInfo, RecordState};
 
+mod blob;
 mod shard;
 
-use shard::{Entry, Shard};
+use blob::Blob;
+use shard::{charge, hash_key, Shard, State};
 
-/// Bytes charged per record on top of its keys and response: map slot, index node, `Entry`,
-/// and the allocator's share of the record's half-dozen small heap allocations (key strings,
-/// header map, body). Measured with `examples/store_growth.rs`: with 192 here the process held
-/// 2.2× the accounted bytes (553 MiB resident for a 256 MiB bound); with 672 the bound and the
-/// resident memory agree within about 10 %.
-pub const ENTRY_OVERHEAD: usize = 672;
+/// Bytes charged per record on top of its encoded key and response: its table slot at 50 %
+/// load and 1.5 expiry-heap items, computed from their layout (≈ 290 bytes on 64-bit
+/// targets). A record's whole charge is [`ENTRY_OVERHEAD`] plus its encoded bytes rounded up
+/// to allocator size classes. Measured with `examples/store_growth.rs` under mimalloc (the
+/// gateway's allocator): resident memory per record within about 10 % of the charge.
+pub const ENTRY_OVERHEAD: usize = shard::RECORD_OVERHEAD;
 
 /// Default capacity: 64 MiB.
 pub const DEFAULT_CAPACITY_BYTES: usize = 64 << 20;
@@ -71,9 +76,12 @@ impl MemoryStore {
 
     /// A store with an injected wall clock (for the admin view's timestamps only).
     pub fn with_clock(capacity_bytes: usize, clock: Arc<dyn Clock>) -> Self {
+        let hasher = RandomState::new();
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                .collect(),
+            hasher,
             capacity: capacity_bytes,
             used: AtomicUsize::new(0),
             next_fencing: AtomicU64::new(1),
@@ -115,12 +123,12 @@ impl MemoryStore {
         })
     }
 
-    fn shard_index(&self, key: &RecordKey) -> usize {
-        (self.hasher.hash_one(key) as usize) % self.shards.len()
-    }
-
-    fn shard(&self, key: &RecordKey) -> &Mutex<Shard> {
-        &self.shards[self.shard_index(key)]
+    /// The key's hash and its shard. The shard comes from bits 32.. of the hash, which the
+    /// shard's own table does not use for tables under 2^32 buckets (hashbrown takes the
+    /// low bits for the bucket and the top 7 for the tag), so every table sees a uniform hash.
+    fn locate(&self, key: &RecordKey) -> (u64, usize) {
+        let hash = hash_key(&self.hasher, key);
+        (hash, ((hash >> 32) as usize) % self.shards.len())
     }
 
     fn try_reserve(&self, n: usize) -> bool {
@@ -175,7 +183,7 @@ impl MemoryStore {
                 if i == own_idx {
                     continue;
                 }
-                let Ok(other) = shard.try_lock() else {
+                let Ok(mut other) = shard.try_lock() else {
                     continue;
                 };
                 if let Some(t) = other.first_evictable(now) {
@@ -223,52 +231,57 @@ impl Store for MemoryStore {
         retention: Duration,
     ) -> Result<LockOutcome, StoreError> {
         let now = Instant::now();
-        let idx = self.shard_index(key);
+        let (hash, idx) = self.locate(key);
         let mut shard = lock(&self.shards[idx]);
         let (_, freed) = shard.purge_expired(now);
         self.unreserve(freed);
 
         let mut took_over = false;
-        if let Some(entry) = shard.map.get(key) {
-            match &entry.record {
-                Record::InFlight { lease_until, .. } if *lease_until <= now => took_over = true,
-                r if record_fingerprint(r) != fingerprint => return Ok(LockOutcome::Mismatch),
-                Record::InFlight { lease_until, .. } => {
+        if let Some(entry) = shard.get(hash, key) {
+            match entry.state {
+                State::InFlight { lease_until } if lease_until <= now => took_over = true,
+                _ if entry.fingerprint != *fingerprint => return Ok(LockOutcome::Mismatch),
+                State::InFlight { lease_until } => {
                     return Ok(LockOutcome::InFlight {
-                        lease_remaining: *lease_until - now,
+                        lease_remaining: lease_until - now,
                     })
                 }
-                Record::Completed { response, .. } => {
-                    return Ok(LockOutcome::Completed(response.clone()))
+                State::Completed(status) => {
+                    return Ok(LockOutcome::Completed(entry.blob().response(status)))
                 }
-                Record::TooLarge { status, .. } => {
-                    return Ok(LockOutcome::TooLarge { status: *status })
-                }
+                State::TooLarge(status) => return Ok(LockOutcome::TooLarge { status }),
             }
         }
 
         let fencing = self.next_fencing.fetch_add(1, Ordering::Relaxed);
-        let record = Record::InFlight {
-            fencing,
-            lease_until: now + lease.min(retention),
-            fingerprint: *fingerprint,
-        };
+        let lease_until = now + lease.min(retention);
         if took_over {
-            // Same key and fingerprint size: the existing reservation covers the new record.
-            shard.replace(key, record, now + retention, self.clock.now());
+            // Same key, key-only blob: the existing reservation covers the new holder.
+            shard.take_over(
+                hash,
+                key,
+                fencing,
+                lease_until,
+                now + retention,
+                self.clock.now(),
+            );
         } else {
-            let needed = Entry::size_of(key, &record);
-            if !self.reserve_evicting(&mut shard, idx, needed, now) {
+            let blob = Blob::key_only(key);
+            let needed = blob.as_ref().map_or(usize::MAX, |b| charge(b.len()));
+            let Some(blob) = blob.filter(|_| self.reserve_evicting(&mut shard, idx, needed, now))
+            else {
                 return Err(StoreError::Full {
                     needed,
                     capacity: self.capacity,
                 });
-            }
+            };
             self.after_reserve();
             shard.insert(
-                key.clone(),
-                record,
-                needed,
+                hash,
+                blob,
+                *fingerprint,
+                fencing,
+                lease_until,
                 now + retention,
                 self.clock.now(),
             );
@@ -284,44 +297,43 @@ impl Store for MemoryStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
-        let idx = self.shard_index(key);
+        let (hash, idx) = self.locate(key);
         let mut shard = lock(&self.shards[idx]);
-        let (fingerprint, old_size) = shard.check_holder(key, fencing, now)?;
-        let mut record = match completion {
-            Completion::Response(response) => Record::Completed {
-                fingerprint,
-                response,
-            },
-            Completion::TooLarge(status) => Record::TooLarge {
-                fingerprint,
-                status,
-            },
+        let old_size = shard.check_holder(hash, key, fencing, now)?.1;
+        let (state, blob) = match &completion {
+            Completion::Response(response) => (
+                State::Completed(response.status),
+                shard
+                    .get(hash, key)
+                    .and_then(|e| e.blob().with_response(response)),
+            ),
+            Completion::TooLarge(status) => (State::TooLarge(*status), None),
         };
-        let new_size = Entry::size_of(key, &record);
-        if new_size > old_size && !self.reserve_evicting(&mut shard, idx, new_size - old_size, now)
-        {
+        // A too-large tombstone keeps the key-only blob: the in-flight reservation covers it.
+        let new_size = blob.as_ref().map_or(old_size, |b| charge(b.len()));
+        let fits = match (state, &blob) {
+            (State::Completed(_), None) => false, // a part over 4 GiB: cannot be encoded
+            _ => {
+                new_size <= old_size
+                    || self.reserve_evicting(&mut shard, idx, new_size - old_size, now)
+            }
+        };
+        if !fits {
             // No room for the response. The request *did* run, so forgetting the key would
             // invite a duplicate execution: keep a small tombstone instead (no extra bytes
             // beyond the in-flight record's reservation), answered like a too-large response.
-            let status = match &record {
-                Record::Completed { response, .. } => response.status,
-                Record::TooLarge { status, .. } => *status,
-                Record::InFlight { .. } => http::StatusCode::OK,
+            let status = match state {
+                State::Completed(status) | State::TooLarge(status) => status,
+                State::InFlight { .. } => http::StatusCode::OK,
             };
             tracing::warn!(
                 capacity = self.capacity,
                 "idempotency memory store full: storing a too-large tombstone instead"
             );
-            record = Record::TooLarge {
-                fingerprint,
-                status,
-            };
-            let size = Entry::size_of(key, &record);
-            shard.set(key, record, size, now + retention);
-            self.unreserve(old_size.saturating_sub(size));
+            shard.set(hash, key, State::TooLarge(status), None, now + retention);
             return Ok(());
         }
-        shard.set(key, record, new_size, now + retention);
+        shard.set(hash, key, state, blob, now + retention);
         if new_size < old_size {
             self.unreserve(old_size - new_size);
         } else {
@@ -332,9 +344,10 @@ impl Store for MemoryStore {
 
     async fn release(&self, key: &RecordKey, fencing: u64) -> Result<(), StoreError> {
         let now = Instant::now();
-        let mut shard = lock(self.shard(key));
-        shard.check_holder(key, fencing, now)?;
-        let freed = shard.remove(key).unwrap_or(0);
+        let (hash, idx) = self.locate(key);
+        let mut shard = lock(&self.shards[idx]);
+        shard.check_holder(hash, key, fencing, now)?;
+        let freed = shard.remove(hash, key).unwrap_or(0);
         drop(shard);
         self.unreserve(freed);
         Ok(())
@@ -342,25 +355,20 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &RecordKey) -> Result<Option<RecordInfo>, StoreError> {
         let now = Instant::now();
-        let shard = lock(self.shard(key));
-        let Some(entry) = shard.map.get(key).filter(|e| e.expires_at > now) else {
+        let (hash, idx) = self.locate(key);
+        let shard = lock(&self.shards[idx]);
+        let Some(entry) = shard.get(hash, key).filter(|e| e.expires_at > now) else {
             return Ok(None);
         };
-        let (state, fencing, status) = match &entry.record {
-            Record::InFlight { fencing, .. } => (RecordState::InFlight, *fencing, None),
-            Record::Completed { response, .. } => (
-                RecordState::Completed,
-                entry.fencing,
-                Some(response.status.as_u16()),
-            ),
-            Record::TooLarge { status, .. } => {
-                (RecordState::TooLarge, entry.fencing, Some(status.as_u16()))
-            }
+        let (state, status) = match entry.state {
+            State::InFlight { .. } => (RecordState::InFlight, None),
+            State::Completed(status) => (RecordState::Completed, Some(status.as_u16())),
+            State::TooLarge(status) => (RecordState::TooLarge, Some(status.as_u16())),
         };
         Ok(Some(RecordInfo {
             state,
-            fingerprint_hex: record_fingerprint(&entry.record).to_hex(),
-            fencing,
+            fingerprint_hex: entry.fingerprint.to_hex(),
+            fencing: entry.fencing,
             status,
             created_at: entry.created_at,
             expires_at: self.wall_in(now, entry.expires_at),
@@ -369,20 +377,13 @@ impl Store for MemoryStore {
 
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
         let now = Instant::now();
-        let mut shard = lock(self.shard(key));
-        let live = shard.map.get(key).is_some_and(|e| e.expires_at > now);
-        let freed = shard.remove(key);
+        let (hash, idx) = self.locate(key);
+        let mut shard = lock(&self.shards[idx]);
+        let live = shard.get(hash, key).is_some_and(|e| e.expires_at > now);
+        let freed = shard.remove(hash, key);
         drop(shard);
         self.unreserve(freed.unwrap_or(0));
         Ok(live)
-    }
-}
-
-fn record_fingerprint(r: &Record) -> &Fingerprint {
-    match r {
-        Record::InFlight { fingerprint, .. }
-        | Record::Completed { fingerprint, .. }
-        | Record::TooLarge { fingerprint, .. } => fingerprint,
     }
 }
 

@@ -1,176 +1,318 @@
-//! One shard of the memory store: a map plus an expiry index.
+//! One shard of the memory store: a hash table of compact entries plus an expiry heap.
+//!
+//! - **Table**: a `hashbrown::HashTable` of [`Entry`] (≈ 120 bytes inline, no key copy: the
+//!   key lives in the entry's [`Blob`] and is compared from there).
+//! - **Expiry index**: a binary min-heap of `(expiry, seq, hash)`, 32 bytes per record, with
+//!   lazy deletion. It replaced a `BTreeMap<(Instant, u64), RecordKey>` that held a second copy
+//!   of every key (three more allocations) in ≈ 100-byte node slots. An item's time is a
+//!   *lower bound* of its record's expiry: when a completion pushes the expiry later, the item
+//!   stays and is corrected when it reaches the top; removed records leave stale items that
+//!   are dropped when they surface (a record is found by hash and `seq`, which is unique per
+//!   shard). The heap is rebuilt from the table once stale items outnumber half the records,
+//!   so it stays within 1.5 items per record. Uniform TTLs would allow a FIFO, but TTLs are
+//!   per route and a completion moves a record's expiry, so the order is not insertion order.
 //!
 //! Byte accounting is returned to the caller (`MemoryStore` owns the global counter), so the
 //! shard never needs to know about other shards.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::mem::size_of;
 use std::time::SystemTime;
 
+use hashbrown::HashTable;
+use http::StatusCode;
 use tokio::time::Instant;
 
-use super::ENTRY_OVERHEAD;
+use super::blob::Blob;
 use crate::fingerprint::Fingerprint;
-use crate::record::Record;
 use crate::store::{RecordKey, StoreError};
+
+/// Bytes charged per record besides its blob, from the real layout: the table slot (entry +
+/// one control byte) at 50 % load (hashbrown runs between 7/16 just after doubling and 7/8
+/// just before), and 1.5 heap items (vector growth and stale items).
+pub(super) const RECORD_OVERHEAD: usize =
+    2 * (size_of::<Entry>() + 1) + size_of::<Reverse<Slot>>() * 3 / 2;
 
 /// A stored record with its bookkeeping.
 #[derive(Debug)]
 pub(super) struct Entry {
-    pub(super) record: Record,
+    blob: Blob,
+    pub(super) state: State,
+    pub(super) fingerprint: Fingerprint,
     /// Latest holder's fencing token (kept after completion for the admin view).
     pub(super) fencing: u64,
-    pub(super) size: usize,
     pub(super) expires_at: Instant,
     pub(super) created_at: SystemTime,
     seq: u64,
 }
 
-#[derive(Debug, Default)]
-pub(super) struct Shard {
-    pub(super) map: HashMap<RecordKey, Entry>,
-    /// (expiry, insertion sequence) → key; the sequence makes equal instants distinct.
-    by_expiry: BTreeMap<(Instant, u64), RecordKey>,
+/// What a record is; the response of a completed one is in the entry's blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    InFlight { lease_until: Instant },
+    Completed(StatusCode),
+    TooLarge(StatusCode),
+}
+
+/// An expiry-heap item: a lower bound of the record's expiry, and how to find the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Slot {
+    at: Instant,
     seq: u64,
+    hash: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Shard {
+    table: HashTable<Entry>,
+    by_expiry: BinaryHeap<Reverse<Slot>>,
+    hasher: RandomState,
+    seq: u64,
+}
+
+/// Hash of a record key, as the table sees it (the store picks the shard from other bits).
+pub(super) fn hash_key(hasher: &RandomState, key: &RecordKey) -> u64 {
+    hash_parts(
+        hasher,
+        (
+            key.tenant.as_bytes(),
+            key.route.as_bytes(),
+            key.key.as_str().as_bytes(),
+        ),
+    )
+}
+
+fn hash_parts(hasher: &RandomState, (tenant, route, key): (&[u8], &[u8], &[u8])) -> u64 {
+    let mut h = hasher.build_hasher();
+    // Length-prefixed so ("ab", "c") and ("a", "bc") differ.
+    for part in [tenant, route, key] {
+        h.write_usize(part.len());
+        h.write(part);
+    }
+    h.finish()
+}
+
+/// Bytes charged for a record whose blob is `blob_len` long: the allocation rounded up the
+/// way size-class allocators do (16-byte granules, and 1/16 on average for classes 1/8
+/// apart, as mimalloc's are), plus [`RECORD_OVERHEAD`].
+pub(super) const fn charge(blob_len: usize) -> usize {
+    blob_len.next_multiple_of(16) + blob_len / 16 + RECORD_OVERHEAD
 }
 
 // === impl Entry ===
 
 impl Entry {
-    pub(super) fn size_of(key: &RecordKey, record: &Record) -> usize {
-        // Key strings live twice: in the map and in the expiry index.
-        let key_bytes = 2 * (key.tenant.len() + key.route.len() + key.key.as_str().len());
-        let payload = match record {
-            Record::Completed { response, .. } => response.size_bytes(),
-            Record::InFlight { .. } | Record::TooLarge { .. } => 0,
-        };
-        key_bytes + payload + ENTRY_OVERHEAD
+    /// Bytes this record is charged.
+    pub(super) fn size(&self) -> usize {
+        charge(self.blob.len())
+    }
+
+    pub(super) fn blob(&self) -> &Blob {
+        &self.blob
+    }
+
+    fn is_live_lock(&self, now: Instant) -> bool {
+        matches!(self.state, State::InFlight { lease_until } if lease_until > now)
     }
 }
 
 // === impl Shard ===
 
 impl Shard {
+    pub(super) fn new(hasher: RandomState) -> Self {
+        Self {
+            table: HashTable::new(),
+            by_expiry: BinaryHeap::new(),
+            hasher,
+            seq: 0,
+        }
+    }
+
+    pub(super) fn get(&self, hash: u64, key: &RecordKey) -> Option<&Entry> {
+        self.table.find(hash, |e| e.blob.key_is(key))
+    }
+
     /// Drops every record whose retention has passed. Returns (records, bytes) freed.
     pub(super) fn purge_expired(&mut self, now: Instant) -> (usize, usize) {
-        let mut count = 0;
-        let mut bytes = 0;
-        while let Some(entry) = self.by_expiry.first_entry() {
-            if entry.key().0 > now {
+        let (mut count, mut bytes) = (0, 0);
+        // Each item due by `now` is popped once; corrected ones go back with a later time.
+        for _ in 0..self.by_expiry.len() {
+            let Some(&Reverse(slot)) = self.by_expiry.peek() else {
+                break;
+            };
+            if slot.at > now {
                 break;
             }
-            let key = entry.remove();
-            if let Some(e) = self.map.remove(&key) {
-                bytes += e.size;
-                count += 1;
+            self.by_expiry.pop();
+            if let Ok(found) = self.table.find_entry(slot.hash, |e| e.seq == slot.seq) {
+                let expires_at = found.get().expires_at;
+                if expires_at > now {
+                    self.by_expiry.push(Reverse(Slot {
+                        at: expires_at,
+                        ..slot
+                    }));
+                } else {
+                    bytes += found.remove().0.size();
+                    count += 1;
+                }
             }
         }
         (count, bytes)
     }
 
     /// Expiry of the record [`evict_first`](Self::evict_first) would remove.
-    pub(super) fn first_evictable(&self, now: Instant) -> Option<Instant> {
-        self.first_evictable_slot(now).map(|slot| slot.0)
+    pub(super) fn first_evictable(&mut self, now: Instant) -> Option<Instant> {
+        self.front(now).map(|slot| slot.at)
     }
 
     /// Evicts the finished record nearest its expiry (or an in-flight one whose lease ran
     /// out: its holder is gone). Live in-flight records are never touched. Returns bytes
     /// freed (0 when nothing is evictable).
     pub(super) fn evict_first(&mut self, now: Instant) -> usize {
-        let Some(slot) = self.first_evictable_slot(now) else {
+        let Some(slot) = self.front(now) else {
             return 0;
         };
-        let Some(key) = self.by_expiry.remove(&slot) else {
+        let Ok(found) = self.table.find_entry(slot.hash, |e| e.seq == slot.seq) else {
             return 0;
         };
         metrics::counter!("idempotency_evictions_total").increment(1);
-        self.map.remove(&key).map_or(0, |e| e.size)
+        let size = found.remove().0.size();
+        // Its heap item is now stale and goes at the next look at the top.
+        self.compact_index();
+        size
     }
 
-    fn first_evictable_slot(&self, now: Instant) -> Option<(Instant, u64)> {
-        // Live locks are bounded by request concurrency, so skipping them stays cheap.
-        self.by_expiry.iter().find_map(|(slot, key)| {
-            let e = self.map.get(key)?;
-            let live_lock =
-                matches!(e.record, Record::InFlight { lease_until, .. } if lease_until > now);
-            (!live_lock).then_some(*slot)
-        })
+    /// The heap item of the evictable record with the earliest expiry, with the heap's top
+    /// made exact on the way: stale items dropped, lower bounds corrected, live locks set
+    /// aside and put back (they are bounded by request concurrency, and being the newest
+    /// records they are rarely near the top).
+    fn front(&mut self, now: Instant) -> Option<Slot> {
+        let mut live_locks = Vec::new();
+        let mut found = None;
+        // An item is popped at most twice (corrected once, then stale or set aside).
+        for _ in 0..=2 * self.by_expiry.len() {
+            let Some(&Reverse(slot)) = self.by_expiry.peek() else {
+                break;
+            };
+            match self.table.find(slot.hash, |e| e.seq == slot.seq) {
+                None => {
+                    self.by_expiry.pop();
+                }
+                Some(e) if e.expires_at > slot.at => {
+                    let at = e.expires_at;
+                    self.by_expiry.pop();
+                    self.by_expiry.push(Reverse(Slot { at, ..slot }));
+                }
+                Some(e) if e.is_live_lock(now) => {
+                    self.by_expiry.pop();
+                    live_locks.push(Reverse(slot));
+                }
+                Some(_) => {
+                    found = Some(slot);
+                    break;
+                }
+            }
+        }
+        self.by_expiry.extend(live_locks);
+        found
     }
 
+    /// Inserts a new in-flight record (the key must not be in the table).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &mut self,
-        key: RecordKey,
-        record: Record,
-        size: usize,
+        hash: u64,
+        blob: Blob,
+        fingerprint: Fingerprint,
+        fencing: u64,
+        lease_until: Instant,
         expires_at: Instant,
         created_at: SystemTime,
     ) {
         let seq = self.next_seq();
-        let fencing = match record {
-            Record::InFlight { fencing, .. } => fencing,
-            _ => 0,
-        };
-        self.by_expiry.insert((expires_at, seq), key.clone());
-        let old = self.map.insert(
-            key,
+        let hasher = &self.hasher;
+        self.table.insert_unique(
+            hash,
             Entry {
-                record,
+                blob,
+                state: State::InFlight { lease_until },
+                fingerprint,
                 fencing,
-                size,
                 expires_at,
                 created_at,
                 seq,
             },
+            |e| hash_parts(hasher, e.blob.key_parts()),
         );
-        debug_assert!(old.is_none(), "insert over a live record");
+        self.by_expiry.push(Reverse(Slot {
+            at: expires_at,
+            seq,
+            hash,
+        }));
     }
 
-    /// Replaces an expired lease with a new holder's (takeover): new record, expiry and
-    /// creation time; the byte size is unchanged.
-    pub(super) fn replace(
+    /// Replaces an expired lease with a new holder's (takeover): new fencing token, lease,
+    /// expiry and creation time; the blob (the key alone) and its size are unchanged.
+    pub(super) fn take_over(
         &mut self,
+        hash: u64,
         key: &RecordKey,
-        record: Record,
+        fencing: u64,
+        lease_until: Instant,
         expires_at: Instant,
         created_at: SystemTime,
     ) {
-        if let Record::InFlight { fencing, .. } = record {
-            if let Some(e) = self.map.get_mut(key) {
-                e.fencing = fencing;
-                e.created_at = created_at;
-            }
-        }
-        self.set_inner(key, record, None, expires_at);
+        self.update(hash, key, expires_at, |e| {
+            e.state = State::InFlight { lease_until };
+            e.fencing = fencing;
+            e.created_at = created_at;
+        });
     }
 
-    /// Stores a completion over the holder's in-flight record.
+    /// Stores a completion over the holder's in-flight record: the new state and, for a
+    /// stored response, the blob holding it (`None` keeps the key-only blob).
     pub(super) fn set(
         &mut self,
+        hash: u64,
         key: &RecordKey,
-        record: Record,
-        size: usize,
+        state: State,
+        blob: Option<Blob>,
         expires_at: Instant,
     ) {
-        self.set_inner(key, record, Some(size), expires_at);
+        self.update(hash, key, expires_at, |e| {
+            e.state = state;
+            if let Some(blob) = blob {
+                e.blob = blob;
+            }
+        });
     }
 
-    fn set_inner(
+    fn update(
         &mut self,
+        hash: u64,
         key: &RecordKey,
-        record: Record,
-        size: Option<usize>,
         expires_at: Instant,
+        change: impl FnOnce(&mut Entry),
     ) {
         let seq = self.next_seq();
-        let Some(e) = self.map.get_mut(key) else {
+        let Some(e) = self.table.find_mut(hash, |e| e.blob.key_is(key)) else {
             return;
         };
-        self.by_expiry.remove(&(e.expires_at, e.seq));
-        self.by_expiry.insert((expires_at, seq), key.clone());
-        e.record = record;
+        change(e);
+        // A later expiry keeps the heap item (a lower bound, corrected lazily); an earlier
+        // one needs a new item, and a new seq turns the old item stale.
+        let earlier = expires_at < e.expires_at;
         e.expires_at = expires_at;
-        e.seq = seq;
-        if let Some(size) = size {
-            e.size = size;
+        if earlier {
+            e.seq = seq;
+            self.by_expiry.push(Reverse(Slot {
+                at: expires_at,
+                seq,
+                hash,
+            }));
+            self.compact_index();
         }
     }
 
@@ -178,24 +320,21 @@ impl Shard {
     /// current size.
     pub(super) fn check_holder(
         &self,
+        hash: u64,
         key: &RecordKey,
         fencing: u64,
         now: Instant,
     ) -> Result<(Fingerprint, usize), StoreError> {
         let lost = StoreError::LeaseLost { presented: fencing };
-        let Some(e) = self.map.get(key).filter(|e| e.expires_at > now) else {
+        let Some(e) = self.get(hash, key).filter(|e| e.expires_at > now) else {
             return Err(lost);
         };
-        match &e.record {
-            Record::InFlight {
-                fencing: f,
-                lease_until,
-                fingerprint,
-            } if *f == fencing => {
-                if *lease_until <= now {
+        match e.state {
+            State::InFlight { lease_until } if e.fencing == fencing => {
+                if lease_until <= now {
                     Err(lost)
                 } else {
-                    Ok((*fingerprint, e.size))
+                    Ok((e.fingerprint, e.size()))
                 }
             }
             _ => Err(StoreError::Fenced { presented: fencing }),
@@ -203,10 +342,39 @@ impl Shard {
     }
 
     /// Removes a record; returns its size when one was there.
-    pub(super) fn remove(&mut self, key: &RecordKey) -> Option<usize> {
-        let e = self.map.remove(key)?;
-        self.by_expiry.remove(&(e.expires_at, e.seq));
-        Some(e.size)
+    pub(super) fn remove(&mut self, hash: u64, key: &RecordKey) -> Option<usize> {
+        let found = self.table.find_entry(hash, |e| e.blob.key_is(key)).ok()?;
+        let size = found.remove().0.size();
+        self.compact_index();
+        Some(size)
+    }
+
+    /// Rebuilds the heap once stale items exceed half the records (plus slack, so small
+    /// shards do not rebuild on every removal): amortised O(1) per removal, and the heap
+    /// stays within the 1.5 items per record that [`RECORD_OVERHEAD`] charges.
+    fn compact_index(&mut self) {
+        let live = self.table.len();
+        if self.by_expiry.len() <= live + live / 2 + 1024 {
+            return;
+        }
+        let hasher = &self.hasher;
+        self.by_expiry = self
+            .table
+            .iter()
+            .map(|e| {
+                Reverse(Slot {
+                    at: e.expires_at,
+                    seq: e.seq,
+                    hash: hash_parts(hasher, e.blob.key_parts()),
+                })
+            })
+            .collect();
+    }
+
+    /// Items in the expiry heap, stale ones included (tests check its bound).
+    #[cfg(test)]
+    pub(super) fn index_len(&self) -> usize {
+        self.by_expiry.len()
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -136,3 +136,70 @@ async fn admin_times_come_from_the_injected_clock() {
     assert_eq!(info.created_at, start);
     assert_eq!(info.expires_at, start + DAY);
 }
+
+#[tokio::test(start_paused = true)]
+async fn completion_with_a_shorter_retention_expires_on_time() {
+    // The lock's heap item (day) is later than the completed record's expiry (60 s): the
+    // index must learn the earlier time, not wait a day.
+    let s = MemoryStore::new(1 << 20);
+    let f = lock(&s, "a", DAY).await.unwrap();
+    s.complete(&key("a"), f, body(100), Duration::from_secs(60))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(s.purge_expired(), 1);
+    assert_eq!(s.used_bytes(), 0);
+    assert!(s.get(&key("a")).await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_follows_completion_time_not_lock_time() {
+    // "first" is locked first but completed last, so it expires last: "second" must go
+    // first even though its heap item was pushed later.
+    let s = MemoryStore::new(4 * (ENTRY_OVERHEAD + 10_500));
+    let f1 = lock(&s, "first", DAY).await.unwrap();
+    let f2 = lock(&s, "second", DAY).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    s.complete(&key("second"), f2, body(10_000), DAY)
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    s.complete(&key("first"), f1, body(10_000), DAY)
+        .await
+        .unwrap();
+    for k in ["x", "y"] {
+        let f = lock(&s, k, DAY).await.unwrap();
+        s.complete(&key(k), f, body(10_000), DAY).await.unwrap();
+    }
+    assert!(s.get(&key("second")).await.unwrap().is_none());
+    assert!(s.get(&key("first")).await.unwrap().is_some());
+    assert!(s.used_bytes() <= 4 * (ENTRY_OVERHEAD + 10_500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiry_index_stays_bounded_under_release_churn() {
+    // Released records leave stale heap items; with a day's retention none surfaces on its
+    // own, so the heap must be rebuilt rather than grow with every request.
+    let s = MemoryStore::new(1 << 20);
+    for i in 0..20_000 {
+        let k = format!("k{i}");
+        let f = lock(&s, &k, DAY).await.unwrap();
+        s.release(&key(&k), f).await.unwrap();
+    }
+    let items: usize = s.shards.iter().map(|sh| super::lock(sh).index_len()).sum();
+    assert!(items <= SHARDS * 1025, "{items} heap items for 0 records");
+    assert_eq!(s.used_bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn accounting_counts_the_encoded_record() {
+    // The charge follows what is allocated: a longer key and a stored response cost their
+    // encoded bytes (rounded to allocator classes) on top of the fixed overhead.
+    let s = MemoryStore::new(1 << 20);
+    let f = lock(&s, "a", DAY).await.unwrap();
+    let in_flight = s.used_bytes();
+    assert!((ENTRY_OVERHEAD..ENTRY_OVERHEAD + 64).contains(&in_flight));
+    s.complete(&key("a"), f, body(1000), DAY).await.unwrap();
+    let done = s.used_bytes();
+    assert!(done >= in_flight + 1000 && done <= in_flight + 1000 + 1000 / 8 + 64);
+}
