@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
 #   1. installs redis-server, PostgreSQL and docker-compose with apt-get when missing;
-#   2. starts one real Redis and one real PostgreSQL on free loopback ports, in a temp dir;
-#   3. exports PORTCULLIS_TEST_REDIS_URL and PORTCULLIS_TEST_DATABASE_URL for the tests;
+#   2. starts one real Redis, a real 3-master Redis Cluster and one real PostgreSQL on free
+#      loopback ports, in a temp dir;
+#   3. exports PORTCULLIS_TEST_REDIS_URL, PORTCULLIS_TEST_REDIS_CLUSTER_URL and
+#      PORTCULLIS_TEST_DATABASE_URL for the tests;
 #   4. validates docker-compose.yml, then runs every test of the workspace (unit,
 #      conformance, end-to-end, chaos);
-#   5. stops both servers by PID, on success, failure or Ctrl-C.
+#   5. stops every server by PID, on success, failure or Ctrl-C.
 # Safe to run twice in a row: nothing is left behind. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,7 @@ free_port() {
 
 workdir=$(mktemp -d /tmp/portcullis-test.XXXXXX)
 redis_pid=""
+cluster_pids=()
 pg_data="$workdir/pg/data"
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 as_postgres=()
@@ -40,6 +43,8 @@ cleanup() {
     kill "$redis_pid" 2>/dev/null || true
     wait "$redis_pid" 2>/dev/null || true
   fi
+  for pid in "${cluster_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${cluster_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   if [ -f "$pg_data/postmaster.pid" ]; then
     pg_pid=$(head -n 1 "$pg_data/postmaster.pid")
     "${as_postgres[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -m fast -w stop >/dev/null 2>&1 || kill "$pg_pid" 2>/dev/null || true
@@ -71,9 +76,39 @@ for _ in $(seq 1 100); do
 done
 redis-cli -p "$redis_port" ping >/dev/null || { echo "redis-server did not start" >&2; cat "$workdir/redis.log" >&2; exit 1; }
 
+# The cluster: three masters, no replicas; each node's bus port is chosen too (port + 10000
+# may not exist). `--cluster create` assigns the slots; then wait for cluster_state:ok.
+log "starting a 3-master Redis Cluster"
+cluster_nodes=()
+for _ in 1 2 3; do
+  port=$(free_port)
+  redis-server --port "$port" --cluster-port "$(free_port)" --bind 127.0.0.1 --save '' --appendonly no \
+    --cluster-enabled yes --cluster-config-file "$workdir/nodes-$port.conf" --dir "$workdir" \
+    >"$workdir/redis-cluster-$port.log" 2>&1 &
+  cluster_pids+=($!)
+  cluster_nodes+=("127.0.0.1:$port")
+done
+for node in "${cluster_nodes[@]}"; do
+  for _ in $(seq 1 100); do
+    redis-cli -p "${node#*:}" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+done
+redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes >"$workdir/cluster-create.log" 2>&1 \
+  || { cat "$workdir/cluster-create.log" "$workdir"/redis-cluster-*.log >&2; exit 1; }
+for node in "${cluster_nodes[@]}"; do
+  for _ in $(seq 1 100); do
+    redis-cli -p "${node#*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && break
+    sleep 0.1
+  done
+  redis-cli -p "${node#*:}" cluster info | grep -q '^cluster_state:ok' \
+    || { echo "redis cluster node $node is not ok" >&2; exit 1; }
+done
+
 export PORTCULLIS_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
+export PORTCULLIS_TEST_REDIS_CLUSTER_URL="redis-cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 export PORTCULLIS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
-log "redis: $PORTCULLIS_TEST_REDIS_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
+log "redis: $PORTCULLIS_TEST_REDIS_URL  cluster: $PORTCULLIS_TEST_REDIS_CLUSTER_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
 
 log "validating docker-compose.yml (no engine needed)"
 docker-compose -f docker-compose.yml config -q

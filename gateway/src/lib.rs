@@ -45,6 +45,7 @@ use crate::edge::listener::ServeOptions;
 use crate::edge::ops::Health;
 use crate::upstream::proxy::Upstream;
 use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
+use portcullis_redis::{ConnectOptions, RedisClient};
 use portcullis_retry::Dependency;
 
 /// Why the gateway could not start.
@@ -99,15 +100,7 @@ pub async fn run(
     let idempotency_store = pipeline::idempotency::build_store(&config).await?;
     let limiter = pipeline::ratelimit::build_limiter(&config)?;
 
-    let mut redis_clients = Vec::new();
-    if let StateBackend::Redis(url) = &config.storage.state {
-        redis_clients.push(redis::Client::open(url.as_str())?);
-    }
-    if let IdempotencyBackend::Redis(url) = &config.storage.idempotency {
-        if !matches!(&config.storage.state, StateBackend::Redis(u) if u == url) {
-            redis_clients.push(redis::Client::open(url.as_str())?);
-        }
-    }
+    let redis_clients = redis_health_clients(&config)?;
     let health = Arc::new(Health::new(db.clone(), redis_clients));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -282,6 +275,28 @@ enum Listener {
 }
 
 /// Listener settings from `[server]`, terminating TLS when the listener's table is set.
+/// The Redis deployments readiness depends on (state and idempotency, each once). Does no
+/// I/O: `/readyz` connects and pings, and on a cluster every master must answer.
+fn redis_health_clients(config: &Config) -> Result<Vec<RedisClient>, redis::RedisError> {
+    let options = ConnectOptions::default();
+    let mut clients = Vec::new();
+    match &config.storage.state {
+        StateBackend::Memory => {}
+        StateBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
+        StateBackend::RedisCluster(nodes) => clients.push(RedisClient::cluster(nodes, &options)?),
+    }
+    if IdempotencyBackend::from(&config.storage.state) != config.storage.idempotency {
+        match &config.storage.idempotency {
+            IdempotencyBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
+            IdempotencyBackend::RedisCluster(nodes) => {
+                clients.push(RedisClient::cluster(nodes, &options)?)
+            }
+            IdempotencyBackend::Memory | IdempotencyBackend::Postgres(_) => {}
+        }
+    }
+    Ok(clients)
+}
+
 fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, StartError> {
     let (name, cert, what, max_connections) = match listener {
         Listener::Proxy => (

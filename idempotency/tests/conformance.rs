@@ -10,7 +10,12 @@
 //!   at the end.
 //!
 //! If a variable is unset, that backend's tests **fail** with a message saying so: a suite
-//! that silently skips its real backends proves nothing.
+//! that silently skips its real backends proves nothing. The one exception is
+//! `PORTCULLIS_TEST_REDIS_CLUSTER_URL` (`redis-cluster://h:p,…`, a real 3-master cluster
+//! that `scripts/test.sh` also starts): without it the `redis_cluster` tests print a note
+//! and pass, so `cargo test -p portcullis-idempotency` with a single Redis still works. On
+//! the cluster each test's random tenant lands on some master; a record's keys share the
+//! tenant's hash tag.
 //!
 //! Server-side backends decide on the server clock, which paused tokio time cannot move, so
 //! leases and retentions here are short real durations (hundreds of milliseconds) and every
@@ -78,6 +83,30 @@ async fn redis() -> Backend {
         prefix: format!("t{}", random_name()),
         cleanup: None,
     }
+}
+
+/// `None` (with a note) when no cluster URL is set.
+async fn redis_cluster() -> Option<Backend> {
+    let Ok(url) = std::env::var("PORTCULLIS_TEST_REDIS_CLUSTER_URL") else {
+        eprintln!(
+            "PORTCULLIS_TEST_REDIS_CLUSTER_URL is not set: skipping the Redis Cluster \
+             instantiation (scripts/test.sh starts a 3-master cluster and exports it)"
+        );
+        return None;
+    };
+    let nodes: Vec<String> = url
+        .trim_start_matches("redis-cluster://")
+        .split(',')
+        .map(|n| format!("redis://{n}"))
+        .collect();
+    let store = RedisStore::connect_cluster(&nodes, Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the Redis Cluster at {url}: {e}"));
+    Some(Backend {
+        store: Arc::new(store),
+        prefix: format!("t{}", random_name()),
+        cleanup: None,
+    })
 }
 
 async fn postgres() -> Backend {
@@ -367,7 +396,7 @@ async fn get_and_delete(b: &Backend) {
 }
 
 /// Expands each behaviour into one test per backend: `memory::name`, `redis::name`,
-/// `postgres::name`. Memory runs on paused time (sleeps are instant); the others need a
+/// `redis_cluster::name`, `postgres::name`. Memory runs on paused time (sleeps are instant); the others need a
 /// multi-threaded runtime on the real clock.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -388,6 +417,17 @@ macro_rules! conformance {
                     let b = super::redis().await;
                     super::$name(&b).await;
                     b.finish().await;
+                }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(b) = super::redis_cluster().await {
+                        super::$name(&b).await;
+                        b.finish().await;
+                    }
                 }
             )*
         }

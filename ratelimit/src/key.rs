@@ -23,16 +23,16 @@
 //! The trade-off is the shared buckets: `{global}` (and `{route:…}` totals) cannot share a
 //! slot with every principal. The choice made here:
 //!
-//! - **single-node / primary-replica Redis (what [`RedisLimiter`](crate::RedisLimiter)
-//!   connects to, and what the tests run)**: slots do not exist, one script checks the
+//! - **single-node / primary-replica Redis**: slots do not exist, one script checks the
 //!   principal's keys *and* the global key, all-or-nothing, in one round trip;
-//! - **Cluster** is not driven by this crate. A cluster deployment would evaluate each
-//!   slot group (principal, global) in its own script: two round trips, all-or-nothing within
-//!   each group, and a request rejected by the global group after its principal group
-//!   admitted it would have spent the principal's tokens. We accept that for the global
-//!   ceiling, a safety net set far above any tenant, rather than shard the global bucket
-//!   per principal (which would stop it being global) or funnel every request through one
-//!   slot (which would stop the cluster scaling).
+//! - **Redis Cluster** ([`RedisLimiter::open_cluster`](crate::RedisLimiter::open_cluster)):
+//!   one script per slot group (principal, global), all sent at once, all-or-nothing across
+//!   them by refunding a group that admitted when another refused. The exact cases where a
+//!   refused request may still consume are listed under "Redis Cluster" in the Redis
+//!   limiter's module docs. We accept that for the global ceiling, a safety net set far
+//!   above any tenant, rather than shard the global bucket per principal (which would stop
+//!   it being global) or funnel every request through one slot (which would stop the
+//!   cluster scaling).
 //!
 //! # Escaping
 //!

@@ -7,6 +7,12 @@
 //!   sleep plus a small margin, and policies are chosen so that refill is either irrelevant
 //!   (one token per 10 s) or measured in a few hundred milliseconds. Each test uses a random
 //!   key prefix; nothing is flushed.
+//! - `redis_cluster`: the same against the real 3-master Redis Cluster at
+//!   `PORTCULLIS_TEST_REDIS_CLUSTER_URL` (`redis-cluster://h:p,…`, also from `scripts/test.sh`).
+//!   Keys with different hash tags land on different masters, so the behaviours mixing them
+//!   (quotas beside buckets, `rejection_in_one_slot_consumes_nothing_in_another`) exercise
+//!   the per-slot decision and its refund. Without the variable these tests print a note and
+//!   pass: a plain `cargo test -p portcullis-ratelimit` has no cluster.
 //!
 //! Calendar quota windows come from the limiter's clock in both backends, so both get a
 //! [`ManualClock`] starting at [`START`] (one minute before a UTC midnight), and
@@ -25,6 +31,7 @@ use portcullis_ratelimit::{
     Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, ManualClock, Period, Policy,
     Principal, RedisLimiter, RedisLimiterConfig, Verdict,
 };
+use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
 
 /// Slack added to real sleeps against Redis: server time keeps running between calls.
 const REDIS_MARGIN: Duration = Duration::from_millis(30);
@@ -39,13 +46,15 @@ const MONTH: u64 = 202_611;
 /// Time from [`START`] to the next midnight.
 const TO_MIDNIGHT: Duration = Duration::from_secs(60);
 
+// One per test: the size of the Redis variant's connection handle does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Local {
         limiter: Arc<LocalLimiter>,
     },
     Redis {
         limiter: Arc<RedisLimiter>,
-        conn: ::redis::aio::MultiplexedConnection,
+        conn: RedisConnection,
         prefix: String,
     },
 }
@@ -84,9 +93,11 @@ impl Harness {
         let limiter = RedisLimiter::open(&url, config)
             .unwrap()
             .with_clock(clock.clone());
-        let client = ::redis::Client::open(url.as_str()).unwrap();
+        let client =
+            RedisClient::single(&url, &ConnectOptions::with_timeout(Duration::from_secs(2)))
+                .unwrap();
         let conn = client
-            .get_multiplexed_async_connection()
+            .connect()
             .await
             .unwrap_or_else(|e| panic!("cannot reach redis at {url}: {e}"));
         Self {
@@ -100,6 +111,48 @@ impl Harness {
         }
     }
 
+    /// `None` (with a note) when no cluster URL is set.
+    async fn redis_cluster() -> Option<Self> {
+        let Ok(url) = std::env::var("PORTCULLIS_TEST_REDIS_CLUSTER_URL") else {
+            eprintln!(
+                "PORTCULLIS_TEST_REDIS_CLUSTER_URL is not set: skipping the Redis Cluster \
+                 instantiation (scripts/test.sh starts a 3-master cluster and exports it)"
+            );
+            return None;
+        };
+        let nodes: Vec<String> = url
+            .trim_start_matches("redis-cluster://")
+            .split(',')
+            .map(|n| format!("redis://{n}"))
+            .collect();
+        let prefix = format!("test:{:016x}:", rand::random::<u64>());
+        let config = RedisLimiterConfig {
+            timeout: Duration::from_secs(2),
+            key_prefix: prefix.clone(),
+        };
+        let clock = Arc::new(ManualClock::new(START));
+        let limiter = RedisLimiter::open_cluster(&nodes, config)
+            .unwrap()
+            .with_clock(clock.clone());
+        let conn = RedisClient::cluster(
+            &nodes,
+            &ConnectOptions::with_timeout(Duration::from_secs(2)),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the redis cluster at {url}: {e}"));
+        Some(Self {
+            backend: Backend::Redis {
+                limiter: Arc::new(limiter),
+                conn,
+                prefix,
+            },
+            clock,
+            scope: "t".into(),
+        })
+    }
+
     fn limiter(&self) -> Arc<dyn Limiter> {
         match &self.backend {
             Backend::Local { limiter, .. } => limiter.clone(),
@@ -109,6 +162,11 @@ impl Harness {
 
     fn key(&self, name: &str) -> LimitKey {
         LimitKey::custom(&self.scope, name)
+    }
+
+    /// A key under another hash tag than [`Harness::key`]'s (another slot on a cluster).
+    fn other_tag_key(&self, name: &str) -> LimitKey {
+        LimitKey::custom(&format!("{}-other", self.scope), name)
     }
 
     /// A calendar quota key of a tenant named after the test scope and `name`.
@@ -263,6 +321,31 @@ async fn rejected_request_consumes_nothing(h: Harness) {
     // Ten rejections later the wide bucket has lost only the two admitted tokens.
     let v = h.limiter().peek(&checks[..1]).await.unwrap();
     assert_eq!(v.decisions()[0].remaining, 3);
+}
+
+/// On a cluster the two keys live in different slots (the shape of a caller's bucket and
+/// the global ceiling): each slot decides alone, and a slot that admitted is refunded when
+/// the other refused. Either order of the refusing slot.
+async fn rejection_in_one_slot_consumes_nothing_in_another(h: Harness) {
+    let (wide, narrow) = (slow(5), policy("narrow", 1, 10_000, 2));
+    for (name, narrow_first) in [("a", false), ("b", true)] {
+        let wide_key = h.key(&format!("wide-{name}"));
+        let narrow_key = h.other_tag_key(&format!("narrow-{name}"));
+        let (w, n) = (check(&wide_key, &wide, 1), check(&narrow_key, &narrow, 1));
+        let checks = if narrow_first { [n, w] } else { [w, n] };
+        let (wide_at, narrow_at) = if narrow_first { (1, 0) } else { (0, 1) };
+        assert!(decide(&h, &checks).await.is_allowed());
+        assert!(decide(&h, &checks).await.is_allowed());
+        for _ in 0..10 {
+            let v = decide(&h, &checks).await;
+            assert!(!v.is_allowed());
+            let d = v.decisions();
+            assert!(d[wide_at].allowed && !d[narrow_at].allowed);
+            assert_eq!(d[wide_at].remaining, 3, "reported as not consumed");
+        }
+        let v = h.limiter().peek(&checks[wide_at..=wide_at]).await.unwrap();
+        assert_eq!(v.decisions()[0].remaining, 3, "ten refusals later ({name})");
+    }
 }
 
 async fn cost_weights_consume_tokens(h: Harness) {
@@ -628,12 +711,23 @@ macro_rules! conformance {
                 }
             )*
         }
+        mod redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    if let Some(h) = super::Harness::redis_cluster().await {
+                        super::$behaviour(h).await;
+                    }
+                }
+            )*
+        }
     };
 }
 
 conformance!(
     burst_admitted_then_rejected,
     rejected_request_consumes_nothing,
+    rejection_in_one_slot_consumes_nothing_in_another,
     cost_weights_consume_tokens,
     retry_after_is_accurate,
     keys_are_isolated,

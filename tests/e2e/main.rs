@@ -30,6 +30,8 @@ mod idempotency_shared;
 mod ratelimit_headers;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;
+// State on a real Redis Cluster: shared limits, global ceiling refunds, replays, a master killed under load.
+mod storage_redis_cluster;
 // Hostile clients: slow heads, slow bodies, malformed HTTP.
 mod chaos_clients;
 // Stores failing under load: Redis paused/killed, PostgreSQL restarted.

@@ -11,6 +11,9 @@ pub enum StateBackend {
     Memory,
     /// A Redis server (`redis://…`).
     Redis(String),
+    /// A Redis/Valkey Cluster (`redis-cluster://h1:p1,h2:p2,…`): its seed nodes, each as
+    /// `redis://[user:password@]host:port`.
+    RedisCluster(Vec<String>),
 }
 
 /// Where idempotency records live.
@@ -20,6 +23,8 @@ pub enum IdempotencyBackend {
     Memory,
     /// A Redis server.
     Redis(String),
+    /// A Redis/Valkey Cluster: its seed nodes, as in [`StateBackend::RedisCluster`].
+    RedisCluster(Vec<String>),
     /// A PostgreSQL database.
     Postgres(String),
 }
@@ -36,7 +41,7 @@ pub enum DatabaseBackend {
 // === impl StateBackend ===
 
 impl StateBackend {
-    /// Parses `"memory"` or `"redis://…"`.
+    /// Parses `"memory"`, `"redis://…"` or `"redis-cluster://host:port,host:port,…"`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text {
             "memory" => Ok(Self::Memory),
@@ -44,8 +49,15 @@ impl StateBackend {
                 check_url(t)?;
                 Ok(Self::Redis(t.to_owned()))
             }
+            t if t.starts_with(TLS_CLUSTER_SCHEME) => Err(format!(
+                "= {:?}: TLS to a Redis Cluster is not supported by this build; use \
+                 \"redis-cluster://…\" on a trusted network",
+                redact_url(t)
+            )),
+            t if t.starts_with(CLUSTER_SCHEME) => parse_cluster(t).map(Self::RedisCluster),
             _ => Err(format!(
-                "= {:?}: allowed \"memory\" or \"redis://host:port\"",
+                "= {:?}: allowed \"memory\", \"redis://host:port\" or \
+                 \"redis-cluster://host:port,host:port,…\"",
                 redact_url(text)
             )),
         }
@@ -57,6 +69,7 @@ impl fmt::Debug for StateBackend {
         match self {
             Self::Memory => f.write_str("memory"),
             Self::Redis(url) => write!(f, "{}", redact_url(url)),
+            Self::RedisCluster(nodes) => f.write_str(&cluster_display(nodes)),
         }
     }
 }
@@ -71,10 +84,16 @@ impl IdempotencyBackend {
             return Ok(Self::Postgres(text.to_owned()));
         }
         match StateBackend::parse(text) {
-            Ok(StateBackend::Memory) => Ok(Self::Memory),
-            Ok(StateBackend::Redis(url)) => Ok(Self::Redis(url)),
+            Ok(state) => Ok(Self::from(&state)),
+            // A cluster URL that is wrong says what is wrong with it.
+            Err(reason)
+                if text.starts_with(CLUSTER_SCHEME) || text.starts_with(TLS_CLUSTER_SCHEME) =>
+            {
+                Err(reason)
+            }
             Err(_) => Err(format!(
-                "= {:?}: allowed \"memory\", \"redis://…\" or \"postgres://…\"",
+                "= {:?}: allowed \"memory\", \"redis://…\", \"redis-cluster://…\" or \
+                 \"postgres://…\"",
                 redact_url(text)
             )),
         }
@@ -86,6 +105,7 @@ impl From<&StateBackend> for IdempotencyBackend {
         match state {
             StateBackend::Memory => Self::Memory,
             StateBackend::Redis(url) => Self::Redis(url.clone()),
+            StateBackend::RedisCluster(nodes) => Self::RedisCluster(nodes.clone()),
         }
     }
 }
@@ -95,6 +115,7 @@ impl fmt::Debug for IdempotencyBackend {
         match self {
             Self::Memory => f.write_str("memory"),
             Self::Redis(url) | Self::Postgres(url) => write!(f, "{}", redact_url(url)),
+            Self::RedisCluster(nodes) => f.write_str(&cluster_display(nodes)),
         }
     }
 }
@@ -133,6 +154,71 @@ impl fmt::Debug for DatabaseBackend {
     }
 }
 
+const CLUSTER_SCHEME: &str = "redis-cluster://";
+const TLS_CLUSTER_SCHEME: &str = "rediss-cluster://";
+
+/// `redis-cluster://[user[:password]@]host:port[,host:port…]` → one `redis://` URL per seed
+/// node, each with the credentials (the redis crate uses the first node's for all).
+fn parse_cluster(text: &str) -> Result<Vec<String>, String> {
+    let shown = redact_url(text);
+    let rest = text.get(CLUSTER_SCHEME.len()..).unwrap_or_default();
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (Some(auth), hosts),
+        None => (None, rest),
+    };
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    if hosts.contains(['/', '?', '#']) {
+        return Err(format!(
+            "= {shown:?}: a cluster URL is a list of seed nodes only \
+             (redis-cluster://host:port,host:port,…): a cluster has no database number"
+        ));
+    }
+    let mut nodes = Vec::new();
+    for host in hosts.split(',') {
+        let node = match auth {
+            Some(auth) => format!("redis://{auth}@{host}"),
+            None => format!("redis://{host}"),
+        };
+        match url::Url::parse(&node) {
+            Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => nodes.push(node),
+            _ => {
+                return Err(format!(
+                    "= {shown:?}: seed node {:?} is not host:port",
+                    host.trim()
+                ))
+            }
+        }
+    }
+    Ok(nodes)
+}
+
+/// `redis-cluster://[user:***@]host:port,…` for logs: the password never shown.
+fn cluster_display(nodes: &[String]) -> String {
+    let mut out = String::from(CLUSTER_SCHEME);
+    let urls: Vec<url::Url> = nodes
+        .iter()
+        .filter_map(|n| url::Url::parse(n).ok())
+        .collect();
+    if let Some(first) = urls.first() {
+        if !first.username().is_empty() || first.password().is_some() {
+            out.push_str(first.username());
+            if first.password().is_some() {
+                out.push_str(":***");
+            }
+            out.push('@');
+        }
+    }
+    let hosts: Vec<String> = urls
+        .iter()
+        .map(|u| match u.port() {
+            Some(port) => format!("{}:{port}", u.host_str().unwrap_or_default()),
+            None => u.host_str().unwrap_or_default().to_owned(),
+        })
+        .collect();
+    out.push_str(&hosts.join(","));
+    out
+}
+
 fn is_postgres(text: &str) -> bool {
     text.starts_with("postgres://") || text.starts_with("postgresql://")
 }
@@ -143,14 +229,31 @@ fn check_url(text: &str) -> Result<(), String> {
         .map_err(|e| format!("= {:?}: not a valid URL ({e})", redact_url(text)))
 }
 
-/// Replaces the password of a URL with `***` so it can be logged or printed.
+/// Replaces the password of a URL with `***` so it can be logged or printed, also in text
+/// that is not one valid URL (a cluster's `redis-cluster://u:pw@h1:1,h2:2`, a typo).
 pub fn redact_url(text: &str) -> String {
     match url::Url::parse(text) {
         Ok(mut url) if url.password().is_some() => {
             let _ = url.set_password(Some("***"));
             url.to_string()
         }
-        _ => text.to_owned(),
+        Ok(_) => text.to_owned(),
+        Err(_) => redact_userinfo(text),
+    }
+}
+
+/// `scheme://user:secret@rest` → `scheme://user:***@rest`, by position alone.
+fn redact_userinfo(text: &str) -> String {
+    let Some(start) = text.find("://").map(|i| i + 3) else {
+        return text.to_owned();
+    };
+    let rest = &text[start..];
+    let Some(at) = rest.rfind('@') else {
+        return text.to_owned();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!("{}{}:***{}", &text[..start], &rest[..colon], &rest[at..]),
+        None => text.to_owned(),
     }
 }
 
@@ -175,6 +278,44 @@ mod tests {
             IdempotencyBackend::parse("postgres://u@h/db"),
             Ok(IdempotencyBackend::Postgres(_))
         ));
+    }
+
+    #[test]
+    fn parses_cluster_seed_nodes() {
+        assert_eq!(
+            StateBackend::parse("redis-cluster://127.0.0.1:7000,127.0.0.1:7001").unwrap(),
+            StateBackend::RedisCluster(vec![
+                "redis://127.0.0.1:7000".into(),
+                "redis://127.0.0.1:7001".into()
+            ])
+        );
+        let with_auth = StateBackend::parse("redis-cluster://u:hunter2@h1:1,h2:2/").unwrap();
+        assert_eq!(
+            with_auth,
+            StateBackend::RedisCluster(vec![
+                "redis://u:hunter2@h1:1".into(),
+                "redis://u:hunter2@h2:2".into()
+            ])
+        );
+        let shown = format!("{with_auth:?}");
+        assert_eq!(shown, "redis-cluster://u:***@h1:1,h2:2");
+        assert!(matches!(
+            IdempotencyBackend::parse("redis-cluster://h1:1"),
+            Ok(IdempotencyBackend::RedisCluster(_))
+        ));
+        for bad in [
+            "redis-cluster://",
+            "redis-cluster://h1:1,,h2:2",
+            "redis-cluster://h1:1/0",
+            "redis-cluster://h1:notaport",
+        ] {
+            assert!(StateBackend::parse(bad).is_err(), "{bad}");
+            assert!(IdempotencyBackend::parse(bad).is_err(), "{bad}");
+        }
+        let tls = StateBackend::parse("rediss-cluster://u:hunter2@h1:1").unwrap_err();
+        assert!(tls.contains("TLS") && !tls.contains("hunter2"), "{tls}");
+        let bad = StateBackend::parse("redis-cluster://u:hunter2@h1:1/0").unwrap_err();
+        assert!(!bad.contains("hunter2"), "{bad}");
     }
 
     #[test]

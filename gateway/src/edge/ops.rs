@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use portcullis_control::Database;
 use portcullis_problem::Problem;
+use portcullis_redis::RedisClient;
 
 /// Each readiness check must answer within this.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -24,14 +25,14 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Health {
     draining: AtomicBool,
     db: Database,
-    redis: Vec<redis::Client>,
+    redis: Vec<RedisClient>,
 }
 
 // === impl Health ===
 
 impl Health {
-    /// Health over the database and any Redis servers in use.
-    pub fn new(db: Database, redis: Vec<redis::Client>) -> Self {
+    /// Health over the database and any Redis servers or clusters in use.
+    pub fn new(db: Database, redis: Vec<RedisClient>) -> Self {
         Self {
             draining: AtomicBool::new(false),
             db,
@@ -55,10 +56,8 @@ impl Health {
             Err(_) => return Err("database: timed out".into()),
         }
         for client in &self.redis {
-            let ping = async {
-                let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("PING").query_async::<String>(&mut conn).await
-            };
+            // A cluster's PING goes to every master: not ready while any slot is unserved.
+            let ping = async { client.connect().await?.ping().await };
             match tokio::time::timeout(CHECK_TIMEOUT, ping).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(err)) => return Err(format!("redis: {err}")),

@@ -55,6 +55,13 @@ pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyS
                 .await?,
             )
         }
+        IdempotencyBackend::RedisCluster(nodes) => Arc::new(
+            RedisStore::connect_cluster(
+                nodes,
+                config.storage.state_timeout.max(Duration::from_millis(100)),
+            )
+            .await?,
+        ),
         IdempotencyBackend::Postgres(url) => {
             let pool = portcullis_control::db::connect_postgres(url).await?;
             let store = PostgresStore::new(pool);

@@ -23,31 +23,27 @@ use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
 use crate::pipeline::context::RequestContext;
 use crate::pipeline::tenant::Caller;
 
-/// Builds the configured limiter. Redis is wrapped in the fallback that applies
-/// `rate_limit.on_store_error` when Redis fails or is slow.
+/// Builds the configured limiter. Redis (a server or a cluster) is wrapped in the fallback
+/// that applies `rate_limit.on_store_error` when Redis fails or is slow.
 pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, LimiterError> {
-    let limiter: Arc<dyn Limiter> = match &config.storage.state {
-        StateBackend::Memory => Arc::new(LocalLimiter::new()),
-        StateBackend::Redis(url) => {
-            let redis = RedisLimiter::open(
-                url,
-                RedisLimiterConfig {
-                    timeout: config.storage.state_timeout,
-                    ..RedisLimiterConfig::default()
-                },
-            )?;
-            let fallback = FallbackConfig {
-                mode: match config.rate_limit.on_store_error {
-                    StoreErrorMode::FailOpen => FailMode::Open,
-                    StoreErrorMode::FailClosed => FailMode::Closed,
-                },
-                replicas: config.rate_limit.replicas,
-                ..FallbackConfig::default()
-            };
-            Arc::new(FallbackLimiter::new(Arc::new(redis), fallback))
-        }
+    let redis_config = RedisLimiterConfig {
+        timeout: config.storage.state_timeout,
+        ..RedisLimiterConfig::default()
     };
-    Ok(limiter)
+    let redis = match &config.storage.state {
+        StateBackend::Memory => return Ok(Arc::new(LocalLimiter::new())),
+        StateBackend::Redis(url) => RedisLimiter::open(url, redis_config)?,
+        StateBackend::RedisCluster(nodes) => RedisLimiter::open_cluster(nodes, redis_config)?,
+    };
+    let fallback = FallbackConfig {
+        mode: match config.rate_limit.on_store_error {
+            StoreErrorMode::FailOpen => FailMode::Open,
+            StoreErrorMode::FailClosed => FailMode::Closed,
+        },
+        replicas: config.rate_limit.replicas,
+        ..FallbackConfig::default()
+    };
+    Ok(Arc::new(FallbackLimiter::new(Arc::new(redis), fallback)))
 }
 
 /// The policies that are not per tenant, built once.

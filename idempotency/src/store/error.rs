@@ -64,6 +64,11 @@ impl StoreError {
                             | redis::ErrorKind::ClusterDown
                             | redis::ErrorKind::MasterDown
                             | redis::ErrorKind::ReadOnly
+                            // Cluster: resharding/failover outlasting the client's
+                            // retries, or a slot with no reachable node.
+                            | redis::ErrorKind::Moved
+                            | redis::ErrorKind::Ask
+                            | redis::ErrorKind::ClusterConnectionNotFound
                     )
             }
             Self::Postgres(e) => match e {

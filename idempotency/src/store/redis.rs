@@ -23,7 +23,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use http::StatusCode;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
 use redis::{Script, Value};
 
 use super::{millis, LockOutcome, RecordKey, Store, StoreError};
@@ -33,10 +33,11 @@ use crate::record::{Completion, RecordInfo, RecordState, StoredResponse};
 /// Default bound on one Redis call, connection included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// [`Store`] on Redis (standalone or cluster), through a reconnecting `ConnectionManager`.
+/// [`Store`] on Redis (standalone, through a reconnecting `ConnectionManager`, or a
+/// Redis/Valkey Cluster, through the cluster client; see [`portcullis_redis`]).
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     timeout: Duration,
     lock: Script,
     complete: Script,
@@ -46,10 +47,11 @@ pub struct RedisStore {
 // === impl RedisStore ===
 
 impl RedisStore {
-    /// Wraps an existing connection manager, with [`DEFAULT_TIMEOUT`] per call.
-    pub fn new(conn: ConnectionManager) -> Self {
+    /// Wraps an existing connection (a `ConnectionManager` or a cluster connection), with
+    /// [`DEFAULT_TIMEOUT`] per call.
+    pub fn new(conn: impl Into<RedisConnection>) -> Self {
         Self {
-            conn,
+            conn: conn.into(),
             timeout: DEFAULT_TIMEOUT,
             lock: Script::new(include_str!("redis/lock.lua")),
             complete: Script::new(include_str!("redis/complete.lua")),
@@ -61,18 +63,26 @@ impl RedisStore {
     /// equal to `timeout`. Fails if Redis is unreachable now; later outages are retried in
     /// the background and surface as transient errors.
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(1000);
-        let conn = tokio::time::timeout(
-            timeout.saturating_mul(4),
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| StoreError::Timeout(timeout.saturating_mul(4)))??;
+        let client = RedisClient::single(url, &connect_options(timeout))?;
+        Self::connect_client(&client, timeout).await
+    }
+
+    /// Connects to a Redis/Valkey Cluster through its seed nodes
+    /// (`redis://[user:password@]host:port` each), with the same timeouts as
+    /// [`RedisStore::connect`]. A record's keys share its tenant's hash tag, so each script
+    /// runs on the one node that owns that slot.
+    pub async fn connect_cluster<T: AsRef<str>>(
+        nodes: &[T],
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let client = RedisClient::cluster(nodes, &connect_options(timeout))?;
+        Self::connect_client(&client, timeout).await
+    }
+
+    async fn connect_client(client: &RedisClient, timeout: Duration) -> Result<Self, StoreError> {
+        let conn = tokio::time::timeout(timeout.saturating_mul(4), client.connect())
+            .await
+            .map_err(|_| StoreError::Timeout(timeout.saturating_mul(4)))??;
         Ok(Self::new(conn).with_timeout(timeout))
     }
 
@@ -209,6 +219,16 @@ impl Store for RedisStore {
         let mut conn = self.conn.clone();
         let n: u64 = self.bounded(cmd.query_async(&mut conn)).await?;
         Ok(n > 0)
+    }
+}
+
+/// One reconnection attempt in the background (a single server), at most 1 s apart.
+fn connect_options(timeout: Duration) -> ConnectOptions {
+    ConnectOptions {
+        connection_timeout: timeout,
+        response_timeout: timeout,
+        retries: 1,
+        ..ConnectOptions::default()
     }
 }
 

@@ -240,6 +240,11 @@ impl LimiterError {
                     | K::MasterDown
                     | K::ReadOnly
                     | K::IoError
+                    // Cluster: redirections still unresolved after the client's retries
+                    // (resharding, failover) and a slot with no reachable node.
+                    | K::Moved
+                    | K::Ask
+                    | K::ClusterConnectionNotFound
             );
         if transient {
             Self::Unavailable(err)

@@ -51,13 +51,45 @@
 //! counter early). The margin covers replica skew: a replica whose clock lags still finds the
 //! old window's counter until its own midnight. Redis memory: one small key per quota per
 //! principal that used it in the current window (two around a boundary, for the margin).
+//!
+//! # Redis Cluster
+//!
+//! [`RedisLimiter::open_cluster`] runs the same scripts on a Redis (or Valkey) Cluster
+//! through [`portcullis_redis`]; the client follows `MOVED`/`ASK` by itself. A script may
+//! only touch keys of one slot, and every key is hash-tagged by its principal
+//! ([`crate::key`]), so a caller's buckets, per-route buckets and calendar quotas are always
+//! decided by one script on one node, all-or-nothing, exactly as on a single server.
+//!
+//! The global ceiling (`{global}`, and route totals `{route:…}`) cannot share every
+//! caller's slot. A request whose keys span slots is decided **per slot, all slots at
+//! once**: one script per slot, sent concurrently, so the decision still costs one round
+//! trip of latency (and one script per slot). It is admitted iff every slot's script
+//! admitted. When one slot refuses while another admitted, the admitting slot has already
+//! consumed: it is **refunded** (one more script on that slot) before the 429 is returned.
+//!
+//! So "a rejected request consumes nothing" holds on a cluster with these exceptions, and
+//! only for requests whose keys span slots:
+//!
+//! - between a slot's consumption and its refund (about one round trip), a concurrent
+//!   request sees that slot with those tokens taken and may be refused by it (for the
+//!   global ceiling: while a caller over its own limit keeps being refused, the global
+//!   bucket holds at most `refusal rate × round trip × cost` tokens for it, e.g. 20 tokens
+//!   at 100 000 refusals/s and 200 µs);
+//! - when the refund itself fails (the node died in between, or it timed out), or when
+//!   another slot's script failed or timed out, what the admitting slots consumed stays
+//!   consumed until their buckets refill; the error goes to the fallback wrapper like any
+//!   store error. A script that timed out may or may not have run: it is never refunded.
+//!
+//! Each slot's buckets run on the clock of the node that owns the slot (`TIME`), so after a
+//! failover the new master's clock applies, as with a single server's replica.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use futures_util::future::join_all;
+use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
 use redis::Script;
 use tokio::sync::OnceCell;
 
@@ -165,6 +197,41 @@ redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - no
 return {now, tat}
 "#;
 
+/// Cluster only: undoes what the decision script consumed in one slot, for a request that
+/// another slot's script refused (see "Redis Cluster" in the module docs).
+const REFUND_SCRIPT: &str = r#"
+-- Portcullis: give back what one admitted decision took from #KEYS (all in one slot).
+-- ARGV[3(i-1)+1 ..] for KEYS[i]: interval_us ('0': a quota counter), amount, counter TTL in ms.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+for i = 1, #KEYS do
+  local a = (i - 1) * 3
+  local interval = tonumber(ARGV[a + 1])
+  local amount = tonumber(ARGV[a + 2])
+  local stored = redis.call('GET', KEYS[i])
+  if stored then
+    stored = tonumber(stored)
+    if interval == 0 then
+      local used = stored - amount
+      if used <= 0 then
+        redis.call('DEL', KEYS[i])
+      else
+        redis.call('SET', KEYS[i], string.format('%.0f', used), 'PX', ARGV[a + 3])
+      end
+    else
+      local tat = stored - amount * interval
+      if tat <= now then
+        redis.call('DEL', KEYS[i])
+      else
+        redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
+      end
+    end
+  end
+end
+return #KEYS
+"#;
+
 /// Settings for [`RedisLimiter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisLimiterConfig {
@@ -177,10 +244,11 @@ pub struct RedisLimiterConfig {
 
 /// Rate limiter state in Redis, shared by every gateway replica. See the module docs.
 pub struct RedisLimiter {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    client: RedisClient,
+    conn: OnceCell<RedisConnection>,
     script: Script,
     give_back_script: Script,
+    refund_script: Script,
     config: RedisLimiterConfig,
     clock: Arc<dyn Clock>,
 }
@@ -190,6 +258,13 @@ pub struct RedisLimiter {
 struct Target {
     key: String,
     until_end: Option<Duration>,
+}
+
+/// Cluster only: the checks of one request whose keys live in one slot, with their
+/// positions in the request.
+struct SlotGroup {
+    positions: Vec<usize>,
+    checks: Vec<Check>,
 }
 
 // === impl RedisLimiterConfig ===
@@ -217,6 +292,23 @@ impl RedisLimiter {
 
     /// A limiter over an existing client. Does no I/O.
     pub fn new(client: redis::Client, config: RedisLimiterConfig) -> Result<Self, LimiterError> {
+        let options = connect_options(&config);
+        Self::with_client(RedisClient::Single(client, options), config)
+    }
+
+    /// A limiter on a Redis (or Valkey) Cluster, through its seed nodes
+    /// (`redis://[user:password@]host:port` each). Does no I/O. See "Redis Cluster" in the
+    /// module docs for how a request whose keys span slots is decided.
+    pub fn open_cluster<T: AsRef<str>>(
+        nodes: &[T],
+        config: RedisLimiterConfig,
+    ) -> Result<Self, LimiterError> {
+        let client = RedisClient::cluster(nodes, &connect_options(&config))
+            .map_err(|e| LimiterError::Config(format!("invalid redis cluster nodes: {e}")))?;
+        Self::with_client(client, config)
+    }
+
+    fn with_client(client: RedisClient, config: RedisLimiterConfig) -> Result<Self, LimiterError> {
         if config.key_prefix.contains(['{', '}']) {
             return Err(LimiterError::Config(
                 "key_prefix must not contain '{' or '}'".into(),
@@ -230,6 +322,7 @@ impl RedisLimiter {
             conn: OnceCell::new(),
             script: Script::new(SCRIPT),
             give_back_script: Script::new(GIVE_BACK_SCRIPT),
+            refund_script: Script::new(REFUND_SCRIPT),
             config,
             clock: Arc::new(SystemClock),
         })
@@ -246,7 +339,7 @@ impl RedisLimiter {
     pub async fn ping(&self) -> Result<(), LimiterError> {
         self.bounded(async {
             let mut conn = self.connection().await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await?;
+            conn.ping().await?;
             Ok(())
         })
         .await
@@ -257,20 +350,8 @@ impl RedisLimiter {
         &self.config
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, LimiterError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(self.config.timeout)
-                    .set_response_timeout(self.config.timeout)
-                    // Background reconnects: quick first attempts, then at most 1 s apart.
-                    .set_number_of_retries(3)
-                    .set_factor(10)
-                    .set_max_delay(1_000);
-                ConnectionManager::new_with_config(self.client.clone(), config)
-            })
-            .await?;
+    async fn connection(&self) -> Result<RedisConnection, LimiterError> {
+        let conn = self.conn.get_or_try_init(|| self.client.connect()).await?;
         Ok(conn.clone())
     }
 
@@ -311,6 +392,27 @@ impl RedisLimiter {
             .iter()
             .any(|c| c.policy.period().is_some())
             .then(|| self.clock.unix_now());
+        let verdict = match self.slot_groups(checks, unix_now) {
+            None => {
+                let (admitted, evals) = self.bounded(self.run(checks, commit, unix_now)).await?;
+                verdict_of(checks.iter().zip(&evals), commit && admitted)
+            }
+            Some(groups) => self.decide_split(&groups, commit, unix_now).await?,
+        };
+        let op = if commit { "check" } else { "peek" };
+        metrics::histogram!(REDIS_DECISION_SECONDS, "op" => op)
+            .record(started.elapsed().as_secs_f64());
+        Ok(verdict)
+    }
+
+    /// Runs the decision script over `checks` (keys of one slot): whether it admitted, and
+    /// each check's evaluation.
+    async fn run(
+        &self,
+        checks: &[Check],
+        commit: bool,
+        unix_now: Option<Duration>,
+    ) -> Result<(bool, Evals), LimiterError> {
         let mut windows = smallvec::SmallVec::<[Option<Duration>; 4]>::new();
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(u8::from(commit));
@@ -333,16 +435,122 @@ impl RedisLimiter {
                 .arg(u8::from(p.is_shadow()))
                 .arg(until_end.map_or(0, counter_ttl_ms));
         }
-        let reply: Vec<i64> = self
-            .bounded(async {
-                let mut conn = self.connection().await?;
-                Ok(invocation.invoke_async(&mut conn).await?)
-            })
-            .await?;
-        let op = if commit { "check" } else { "peek" };
-        metrics::histogram!(REDIS_DECISION_SECONDS, "op" => op)
-            .record(started.elapsed().as_secs_f64());
-        verdict_from_reply(checks, &windows, commit, &reply)
+        let mut conn = self.connection().await?;
+        let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+        evals_from_reply(checks, &windows, &reply)
+    }
+
+    /// Cluster only: the checks grouped by slot, in order of first appearance, when they
+    /// span more than one slot. `None`: one script decides them all (always on one server).
+    fn slot_groups(&self, checks: &[Check], unix_now: Option<Duration>) -> Option<Vec<SlotGroup>> {
+        if !self.client.is_cluster() || checks.len() < 2 {
+            return None;
+        }
+        let mut groups: Vec<(u16, SlotGroup)> = Vec::with_capacity(2);
+        for (i, check) in checks.iter().enumerate() {
+            let slot = portcullis_redis::slot(self.target(check, unix_now).key.as_bytes());
+            let at = match groups.iter().position(|(s, _)| *s == slot) {
+                Some(at) => at,
+                None => {
+                    groups.push((
+                        slot,
+                        SlotGroup {
+                            positions: Vec::new(),
+                            checks: Vec::new(),
+                        },
+                    ));
+                    groups.len() - 1
+                }
+            };
+            if let Some((_, group)) = groups.get_mut(at) {
+                group.positions.push(i);
+                group.checks.push(check.clone());
+            }
+        }
+        (groups.len() > 1).then(|| groups.into_iter().map(|(_, g)| g).collect())
+    }
+
+    /// Cluster: one script per slot, all sent at once (one round trip of latency). Admitted
+    /// only if every slot admitted; then every slot has consumed. Otherwise the slots that
+    /// admitted (and so consumed) are refunded before the answer. See the module docs.
+    async fn decide_split(
+        &self,
+        groups: &[SlotGroup],
+        commit: bool,
+        unix_now: Option<Duration>,
+    ) -> Result<Verdict, LimiterError> {
+        let outcomes = join_all(
+            groups
+                .iter()
+                .map(|g| self.bounded(self.run(&g.checks, commit, unix_now))),
+        )
+        .await;
+        let admitted = outcomes.iter().all(|o| matches!(o, Ok((true, _))));
+        if commit && !admitted {
+            let refunds = groups.iter().zip(&outcomes).filter_map(|(g, o)| match o {
+                Ok((true, evals)) => Some(self.refund(&g.checks, evals, unix_now)),
+                _ => None,
+            });
+            for result in join_all(refunds).await {
+                if let Err(err) = result {
+                    // The tokens stay consumed until the buckets refill: the documented
+                    // exception to "a rejected request consumes nothing".
+                    tracing::warn!(error = %err, "rate-limit refund failed on Redis Cluster");
+                }
+            }
+        }
+        let mut slots: smallvec::SmallVec<[Option<(&Check, Eval)>; 4]> =
+            smallvec::smallvec![None; groups.iter().map(|g| g.checks.len()).sum()];
+        for (group, outcome) in groups.iter().zip(outcomes) {
+            let (_, evals) = outcome?;
+            for ((&at, check), eval) in group.positions.iter().zip(&group.checks).zip(evals) {
+                if let Some(slot) = slots.get_mut(at) {
+                    *slot = Some((check, eval));
+                }
+            }
+        }
+        let bad = || LimiterError::Protocol("a check got no decision".into());
+        let evals = slots
+            .into_iter()
+            .map(|s| s.ok_or_else(bad))
+            .collect::<Result<smallvec::SmallVec<[(&Check, Eval); 4]>, _>>()?;
+        Ok(verdict_of(
+            evals.iter().map(|(c, e)| (*c, e)),
+            commit && admitted,
+        ))
+    }
+
+    /// Gives back what an admitted script consumed for `checks` (one slot).
+    async fn refund(
+        &self,
+        checks: &[Check],
+        evals: &[Eval],
+        unix_now: Option<Duration>,
+    ) -> Result<(), LimiterError> {
+        let mut invocation = self.refund_script.prepare_invoke();
+        let mut any = false;
+        for (check, eval) in checks.iter().zip(evals) {
+            // A check that did not allow consumed nothing (a shadow one that would reject).
+            if !eval.allowed() || check.cost == 0 {
+                continue;
+            }
+            let target = self.target(check, unix_now);
+            invocation
+                .key(target.key)
+                .arg(check.policy.interval_micros())
+                .arg(check.cost)
+                .arg(target.until_end.map_or(0, counter_ttl_ms));
+            any = true;
+        }
+        if !any {
+            return Ok(());
+        }
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            invocation.invoke_async::<i64>(&mut conn).await?;
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -378,6 +586,8 @@ impl Limiter for RedisLimiter {
         // One DEL: atomic, and an absent key is a full bucket or a zero count.
         self.bounded(async {
             let mut conn = self.connection().await?;
+            // On a cluster the keys may span slots: the client splits the DEL per slot, so
+            // it is atomic per key rather than for the whole list.
             redis::cmd("DEL")
                 .arg(&keys)
                 .query_async::<i64>(&mut conn)
@@ -417,6 +627,18 @@ impl Limiter for RedisLimiter {
     }
 }
 
+/// How the limiter connects: every bound is the decision timeout; a single server's
+/// connection manager retries in the background quickly at first, then at most 1 s apart.
+fn connect_options(config: &RedisLimiterConfig) -> ConnectOptions {
+    ConnectOptions {
+        connection_timeout: config.timeout,
+        response_timeout: config.timeout,
+        retries: 3,
+        retry_factor_ms: 10,
+        max_retry_delay: Duration::from_secs(1),
+    }
+}
+
 /// A calendar counter's `PX`: the time left in its window plus the skew margin, in whole
 /// milliseconds rounded up.
 fn counter_ttl_ms(until_end: Duration) -> u64 {
@@ -437,14 +659,17 @@ fn evaluate(check: &Check, until_end: Option<Duration>, now: u64, value: i64) ->
     }
 }
 
-/// Recomputes the decisions from the values the script read; see the module docs.
-/// `windows[i]`: time left in check `i`'s window (calendar quotas only).
-fn verdict_from_reply(
+/// One evaluation per check, inline up to four.
+type Evals = smallvec::SmallVec<[Eval; 4]>;
+
+/// Recomputes the evaluations from the values the script read (see the module docs), and
+/// whether the script admitted. `windows[i]`: time left in check `i`'s window (calendar
+/// quotas only).
+fn evals_from_reply(
     checks: &[Check],
     windows: &[Option<Duration>],
-    commit: bool,
     reply: &[i64],
-) -> Result<Verdict, LimiterError> {
+) -> Result<(bool, Evals), LimiterError> {
     let bad = || LimiterError::Protocol(format!("script reply {reply:?}"));
     let (&now, rest) = reply.split_first().ok_or_else(bad)?;
     let (&admitted, values) = rest.split_first().ok_or_else(bad)?;
@@ -453,15 +678,25 @@ fn verdict_from_reply(
     }
     let now = now.unsigned_abs();
     let admitted = admitted == 1;
-    let verdict = Verdict::from_decisions(checks.iter().zip(windows).zip(values).map(
-        |((check, &until_end), &value)| {
-            let eval = evaluate(check, until_end, now, value);
-            let committed = commit && admitted && eval.allowed();
-            eval.decision(committed, check.policy.is_shadow(), MICRO)
-        },
-    ));
-    if verdict.is_allowed() != admitted {
+    let evals: Evals = checks
+        .iter()
+        .zip(windows)
+        .zip(values)
+        .map(|((check, &until_end), &value)| evaluate(check, until_end, now, value))
+        .collect();
+    let blocked = checks
+        .iter()
+        .zip(&evals)
+        .any(|(check, eval)| !eval.allowed() && !check.policy.is_shadow());
+    if blocked == admitted {
         return Err(bad());
     }
-    Ok(verdict)
+    Ok((admitted, evals))
+}
+
+/// The verdict over evaluated checks; `committed`: the request was admitted and consumed.
+fn verdict_of<'a>(evals: impl Iterator<Item = (&'a Check, &'a Eval)>, committed: bool) -> Verdict {
+    Verdict::from_decisions(evals.map(|(check, eval)| {
+        eval.decision(committed && eval.allowed(), check.policy.is_shadow(), MICRO)
+    }))
 }

@@ -30,6 +30,7 @@ pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod redis_cluster;
 pub mod tls;
 pub mod upstream;
 
