@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Timelike, Utc};
 use http::{HeaderName, HeaderValue};
 
 /// Attempt number (1-based) sent on every attempt, so backends and sidecars see that the
@@ -29,11 +29,19 @@ pub(crate) fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {
 pub(crate) fn format_deadline(at: SystemTime) -> HeaderValue {
     use std::fmt::Write;
     // Formatted on the stack: the header value's own copy is the request's one allocation.
+    // Integer formatting only: chrono's `format` allocates per field.
+    let t = DateTime::<Utc>::from(at);
     let mut text = StackText::default();
     let formatted = write!(
         text,
-        "{}",
-        DateTime::<Utc>::from(at).format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.timestamp_subsec_millis().min(999),
     );
     // RFC 3339 output is ASCII and fits (years past 9999 do not): fall back to the epoch.
     match formatted
