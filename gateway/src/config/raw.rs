@@ -134,7 +134,7 @@ pub struct RawStorage {
     pub memory_max_bytes: u64,
     /// Timeout of one state-store round trip (Redis).
     pub state_timeout: HumanDuration,
-    /// Connections of the PostgreSQL idempotency store; unset: two per core, 4–32.
+    /// Connections of the PostgreSQL idempotency store; unset: eight per core, 16–64.
     pub postgres_pool_size: Option<u32>,
 }
 

@@ -11,8 +11,8 @@
 //!   a single `Bind`/`Execute`/`Close`/`Sync` write and one reply. `sqlx::PgPool` would add a
 //!   `Sync` ping each time a connection goes back to it (4 segments per first execution
 //!   instead of 2, BENCHMARKS.md).
-//! - **Pool size**: [`PostgresSettings::pool_size`], by default [`default_pool_size`] (two
-//!   per core, 4–32). A call that finds every connection busy waits for one for at most
+//! - **Pool size**: [`PostgresSettings::pool_size`], by default [`default_pool_size`] (eight
+//!   per core, 16–64). A call that finds every connection busy waits for one for at most
 //!   half its timeout, then fails with [`StoreError::PoolExhausted`] (503 +
 //!   `Retry-After`), never hangs.
 //! - Queries are runtime-checked (`sqlx::query`), so building never needs a database; the
