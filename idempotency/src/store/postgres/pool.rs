@@ -14,8 +14,8 @@
 //!
 //! A connection that broke usually means the server restarted or dropped everyone: the
 //! *generation* is bumped and every idle connection of an older generation is closed when
-//! it is next picked, so one failed call (not `size` of them, one per stale connection)
-//! reports the outage.
+//! it is next picked, so the outage fails the calls that were using a connection at that
+//! moment, not one later call per stale idle connection.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
