@@ -538,9 +538,9 @@ ANCHOR_TPS=$(pgbench_anchor "$PGBIN" "$PG_PORT" "$PG_POOL" "$DURATION" "$ROUNDS"
     echo
     echo "| pgbench first executions/s | pc-keyed-pg req/s | pc-keyed-pg / pgbench |"
     echo "|---:|---:|---:|"
-    awk -F'\t' -v a="$ANCHOR_TPS" '$1 == "tput" && $3 == "pc-keyed-pg" { v[++n] = $5 } END {
-        asort(v); m = n ? (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) : 0
-        printf "| %.0f | %.0f | %.2f |\n", a, m, (a > 0 ? m / a : 0) }' "$RAW/runs.tsv"
+    PG_RPS=$(awk -F'\t' '$1 == "tput" && $3 == "pc-keyed-pg" { print $5 }' "$RAW/runs.tsv" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    awk -v a="$ANCHOR_TPS" -v m="$PG_RPS" 'BEGIN { printf "| %.0f | %.0f | %.2f |\n", a, m, (a > 0 ? m / a : 0) }'
 } >"$OUT/pg-anchor.md"
 
 # Redis rate limiter: GETs (rate limit only), then keyed POSTs (rate limit + idempotency)
