@@ -90,7 +90,11 @@ impl Pool {
             Some(conn) => conn,
             None => match tokio::time::timeout_at(deadline, self.options.connect()).await {
                 Ok(conn) => conn?,
-                Err(_) => return Err(StoreError::Timeout(deadline - started)),
+                Err(_) => {
+                    return Err(StoreError::Timeout(
+                        deadline.saturating_duration_since(started),
+                    ))
+                }
             },
         };
         Ok(Lease {
