@@ -388,7 +388,7 @@ def summarize(outdir):
         w(f"\nLoad average (all processes on the machine, not only this benchmark): "
           f"{m.get('loadavg_start', '?')} at the start, {m.get('loadavg_end', '?')} at the end.")
 
-    for frag in ("openloop.md", "roundtrips.md", "rl-roundtrips.md", "amplification.md", "profile.md"):
+    for frag in ("openloop.md", "roundtrips.md", "rl-roundtrips.md", "pg-anchor.md", "amplification.md", "profile.md"):
         p = os.path.join(outdir, frag)
         if os.path.exists(p):
             with open(p, encoding="utf-8") as f:

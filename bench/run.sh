@@ -16,7 +16,8 @@
 # round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3] (s measured per open-loop run, after
 # 1 s of warm-up), LAT_CONNS [64] (open-loop connections),
 # RT_N [200] (keyed requests for the round-trip count), AMP_RATE [200] (req/s),
-# AMP_OUTAGE [20] (s), CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench].
+# AMP_OUTAGE [20] (s), CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench],
+# PG_POOL_SIZE [the store default] (gw-pg connections = pgbench anchor clients).
 #
 # Needs: wrk, nginx, redis-server + redis-cli, PostgreSQL server binaries
 # (/usr/lib/postgresql/*/bin, with pg_stat_statements), python3, curl, ss, taskset; perf and
@@ -325,6 +326,8 @@ write_config gw-pass "$GW_PASS" memory 0
 write_config gw-mem "$GW_MEM" memory 1
 write_config gw-redis "$GW_REDIS" "redis://127.0.0.1:$REDIS_PORT" 1
 write_config gw-pg "$GW_PG" "$PG_URL" 1
+# gw-pg's pool size (storage.postgres_pool_size): the store's default unless PG_POOL_SIZE is set.
+if [[ -n ${PG_POOL_SIZE:-} ]]; then sed -i "s/^idempotency = \"postgres:.*/&\npostgres_pool_size = $PG_POOL_SIZE/" "$TMP/gw-pg.toml"; cp "$TMP/gw-pg.toml" "$RAW/gw-pg.toml"; fi
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
 write_config gw-rl "$GW_RL" memory 0 "$UP" "" memory 1
 write_config gw-rl-mem "$GW_RL_MEM" memory 1 "$UP" "" memory 1
@@ -560,6 +563,29 @@ for phase in first replay; do
     detail=$(awk -F'\t' -v n="$RT_N" '$1 > 0 { q = substr($2, 1, 60); gsub(/\|/, "\\|", q); printf "%s%.2f× `%s…`", sep, $1 / n, q; sep = "; " }' "$RAW/pg-$phase-statements.tsv")
     echo "| PostgreSQL | $phase | ${got// / \/ } | $stmts | – | $segper | $detail |" >>"$OUT/roundtrips.md"
 done
+
+# --------------------------------------------------------------------------- pgbench anchor
+# What the database itself does for the PostgreSQL store's two statements (bench/pg-anchor.sh),
+# on the same server, with as many clients as gw-pg has connections, against pc-keyed-pg.
+# shellcheck source=bench/pg-anchor.sh
+source "$BENCH/pg-anchor.sh"
+PG_POOL=${PG_POOL_SIZE:-$(($(nproc) * 8 < 16 ? 16 : ($(nproc) * 8 > 64 ? 64 : $(nproc) * 8)))} # = default_pool_size()
+log "pgbench anchor: $PG_POOL clients, $ROUNDS x $DURATION s"
+ANCHOR_TPS=$(pgbench_anchor "$PGBIN" "$PG_PORT" "$PG_POOL" "$DURATION" "$ROUNDS" "$CLIENT_CPU" "$RAW")
+{
+    echo
+    echo "### PostgreSQL idempotency: pgbench anchor"
+    echo
+    echo "\`pgbench -M prepared -c $PG_POOL -j 1\` on CPU $CLIENT_CPU running \`bench/pgbench/idempotency.sql\` (the"
+    echo "store's try_lock + complete, one implicit transaction each) against the harness's PostgreSQL;"
+    echo "median of $ROUNDS × $DURATION s. *pc-keyed-pg* is the median of its throughput rounds above."
+    echo
+    echo "| pgbench first executions/s | pc-keyed-pg req/s | pc-keyed-pg / pgbench |"
+    echo "|---:|---:|---:|"
+    PG_RPS=$(awk -F'\t' '$1 == "tput" && $3 == "pc-keyed-pg" { print $5 }' "$RAW/runs.tsv" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+    awk -v a="$ANCHOR_TPS" -v m="$PG_RPS" 'BEGIN { printf "| %.0f | %.0f | %.2f |\n", a, m, (a > 0 ? m / a : 0) }'
+} >"$OUT/pg-anchor.md"
 
 # Redis rate limiter: GETs (rate limit only), then keyed POSTs (rate limit + idempotency)
 {

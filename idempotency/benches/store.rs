@@ -8,9 +8,16 @@
 //! | `memory_store` | `try_lock/replay` | a duplicate: one store call returning the response |
 //! | `memory_store` | `lock+complete/full-store` | first execution into a full store: every record evicts the one nearest its expiry (24 h retention, 8 MiB bound) |
 //! | `memory_store` | `mutex-hashmap/insert` | baseline: one `Mutex<HashMap>` insert |
+//! | `postgres_store` | `lock+complete/conns-N` | first executions, N in flight on N connections |
 //!
 //! Bodies come from a fixed seed (42). Timings are never asserted; run with
 //! `cargo bench -p portcullis-idempotency`.
+//!
+//! `postgres_store` runs only when `PORTCULLIS_TEST_DATABASE_URL` names a server on which it
+//! may create a database (it drops it at the end); `PORTCULLIS_BENCH_PG_CONNS` sets N
+//! (default: the store's default pool size). Its throughput (elements/s = first executions
+//! per second) is compared in BENCHMARKS.md with `pgbench` running the same two statements
+//! with N clients (`bench/pg.sh` runs both against one server).
 
 // Bench setup: a failed unwrap aborts the bench, which is what we want.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,15 +25,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::{HeaderMap, StatusCode};
+use portcullis_idempotency::store::postgres::default_pool_size;
 use portcullis_idempotency::{
-    Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, MemoryStore, RecordKey,
-    Store, StoredResponse,
+    Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, MemoryStore,
+    PostgresSettings, PostgresStore, RecordKey, Store, StoredResponse,
 };
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -177,5 +185,133 @@ fn memory_store(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fingerprint, memory_store);
+/// A fresh database with the migrations applied; returns its options and a drop guard.
+async fn bench_database(url: &str) -> (sqlx::postgres::PgConnectOptions, String) {
+    use sqlx::{ConnectOptions, Executor};
+    let server: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let name = format!("idem_bench_{:016x}", rand::random::<u64>());
+    let mut admin = server.connect().await.unwrap();
+    admin
+        .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+        .await
+        .unwrap();
+    let mut conn = server.clone().database(&name).connect().await.unwrap();
+    sqlx::migrate!("../migrations/postgres")
+        .run(&mut conn)
+        .await
+        .unwrap();
+    (server, name)
+}
+
+fn postgres_store(c: &mut Criterion) {
+    let Ok(url) = std::env::var("PORTCULLIS_TEST_DATABASE_URL") else {
+        eprintln!("postgres_store: PORTCULLIS_TEST_DATABASE_URL not set, skipped");
+        return;
+    };
+    let conns: usize = std::env::var("PORTCULLIS_BENCH_PG_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(default_pool_size);
+    // One thread, as the gateway benchmark's `worker_threads = 1`.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (server, name) = rt.block_on(bench_database(&url));
+    let settings = PostgresSettings {
+        pool_size: conns,
+        timeout: Duration::from_secs(5),
+    };
+    let store: Arc<dyn Store> = Arc::new(
+        rt.block_on(PostgresStore::connect_with(
+            server.clone().database(&name),
+            settings,
+        ))
+        .unwrap(),
+    );
+    let fp = Fingerprint::compute(&FingerprintInput {
+        method: "POST",
+        path_and_query: "/orders",
+        tenant: "bench",
+        content_type: Some(b"application/json"),
+        body: b"{\"item\":\"book\",\"qty\":1,\"note\":\"portcullis benchmark payload\"}",
+    });
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    // The benchmark upstream's answer (bench-upstream: `201 {"id":N,"ok":true}`).
+    let response = StoredResponse::new(
+        StatusCode::CREATED,
+        &headers,
+        Bytes::from_static(b"{\"id\":1,\"ok\":true}"),
+    );
+    let (lease, retention) = (Duration::from_secs(30), Duration::from_secs(86_400));
+
+    let mut g = c.benchmark_group("postgres_store");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.measurement_time(Duration::from_secs(10));
+    g.bench_function(
+        BenchmarkId::new("lock+complete", format!("conns-{conns}")),
+        |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let (store, response) = (store.clone(), response.clone());
+                async move {
+                    // `conns` workers share `iters` first executions: `conns` in flight.
+                    let todo = Arc::new(AtomicU64::new(iters));
+                    let started = tokio::time::Instant::now();
+                    let workers: Vec<_> = (0..conns)
+                        .map(|_| {
+                            let (store, response, todo) =
+                                (store.clone(), response.clone(), todo.clone());
+                            tokio::spawn(async move {
+                                while todo
+                                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                        n.checked_sub(1)
+                                    })
+                                    .is_ok()
+                                {
+                                    // Random keys, as pgbench's `random(1, 10^12)` and
+                                    // clients' UUIDs: index inserts land all over the tree.
+                                    let n = rand::random::<u64>() % 1_000_000_000_000;
+                                    let key = RecordKey::new(
+                                        "bench",
+                                        "/orders",
+                                        IdempotencyKey::parse(n.to_string().as_bytes(), 64)
+                                            .unwrap(),
+                                    );
+                                    let LockOutcome::Acquired { fencing, .. } =
+                                        store.try_lock(&key, &fp, lease, retention).await.unwrap()
+                                    else {
+                                        panic!("fresh key must lock");
+                                    };
+                                    let done = Completion::Response(response.clone());
+                                    store
+                                        .complete(&key, fencing, done, retention)
+                                        .await
+                                        .unwrap();
+                                }
+                            })
+                        })
+                        .collect();
+                    for w in workers {
+                        w.await.unwrap();
+                    }
+                    started.elapsed()
+                }
+            })
+        },
+    );
+    g.finish();
+    drop(store);
+    rt.block_on(async {
+        use sqlx::{ConnectOptions, Executor};
+        if let Ok(mut c) = server.connect().await {
+            let _ = c
+                .execute(format!(r#"DROP DATABASE "{name}" WITH (FORCE)"#).as_str())
+                .await;
+        }
+    });
+}
+
+criterion_group!(benches, fingerprint, memory_store, postgres_store);
 criterion_main!(benches);

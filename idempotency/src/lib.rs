@@ -108,6 +108,6 @@ pub use rejection::Rejection;
 pub use service::Idempotency;
 pub use settings::{IdempotencySettings, OnInFlight, SettingsError};
 pub use store::memory::MemoryStore;
-pub use store::postgres::PostgresStore;
+pub use store::postgres::{PostgresSettings, PostgresStore};
 pub use store::redis::RedisStore;
 pub use store::{LockOutcome, RecordKey, Store, StoreError};

@@ -16,8 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use portcullis_idempotency::{
-    Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, PostgresStore,
-    RecordKey, RedisStore, Store, StoredResponse,
+    Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, PostgresSettings,
+    PostgresStore, RecordKey, RedisStore, Store, StoredResponse,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Executor};
@@ -153,7 +153,10 @@ async fn postgres_reaper_deletes_only_expired_rows_in_batches() {
         .run(&pool)
         .await
         .unwrap();
-    let store = PostgresStore::new(pool.clone());
+    let store =
+        PostgresStore::connect_with(server.clone().database(&db), PostgresSettings::default())
+            .await
+            .unwrap();
 
     let short = Duration::from_millis(300);
     let long = Duration::from_secs(3600);

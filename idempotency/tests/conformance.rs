@@ -31,7 +31,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use portcullis_idempotency::{
     Completion, Fingerprint, FingerprintInput, IdempotencyKey, LockOutcome, MemoryStore,
-    PostgresStore, RecordKey, RecordState, RedisStore, Store, StoreError, StoredResponse,
+    PostgresSettings, PostgresStore, RecordKey, RecordState, RedisStore, Store, StoreError,
+    StoredResponse,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor};
@@ -131,8 +132,16 @@ async fn postgres() -> Backend {
         .run(&pool)
         .await
         .expect("migrations");
+    pool.close().await;
+    let settings = PostgresSettings {
+        timeout: Duration::from_secs(5),
+        ..PostgresSettings::default()
+    };
+    let store = PostgresStore::connect_with(server.clone().database(&db), settings)
+        .await
+        .expect("connect the store");
     Backend {
-        store: Arc::new(PostgresStore::new(pool).with_timeout(Duration::from_secs(5))),
+        store: Arc::new(store),
         prefix: "pg".into(),
         cleanup: Some((server, db)),
     }

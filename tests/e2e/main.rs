@@ -26,6 +26,8 @@ mod tenant_resolution;
 mod idempotency_replay;
 // Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
 mod idempotency_shared;
+// PostgreSQL idempotency store through the binary: pool size bounds connections, database restart.
+mod idempotency_postgres_pool;
 // Rate limiting: burst then 429, headers (draft t, violated-policies), cost, isolation, shadow, load shedding.
 mod ratelimit_headers;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.

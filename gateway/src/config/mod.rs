@@ -158,6 +158,8 @@ pub struct StorageSettings {
     pub memory_max_bytes: u64,
     /// State-store round-trip timeout.
     pub state_timeout: Duration,
+    /// Connections of the PostgreSQL idempotency store (`None`: derived from the cores).
+    pub postgres_pool_size: Option<u32>,
 }
 
 /// What the rate limiter does when the state store fails.

@@ -134,6 +134,8 @@ pub struct RawStorage {
     pub memory_max_bytes: u64,
     /// Timeout of one state-store round trip (Redis).
     pub state_timeout: HumanDuration,
+    /// Connections of the PostgreSQL idempotency store; unset: eight per core, 16–64.
+    pub postgres_pool_size: Option<u32>,
 }
 
 impl Default for RawStorage {
@@ -144,6 +146,7 @@ impl Default for RawStorage {
             database: "sqlite://portcullis.db".into(),
             memory_max_bytes: 256 * 1024 * 1024,
             state_timeout: HumanDuration::millis(50),
+            postgres_pool_size: None,
         }
     }
 }

@@ -114,6 +114,7 @@ fn cross_references_and_formats_are_checked() {
         ("[server]\nlisten = \"localhost\"", "server.listen"),
         ("[storage]\nstate = \"mongodb://x\"", "storage.state"),
         ("[storage]\ndatabase = \"mysql://x\"", "storage.database"),
+        ("[storage]\npostgres_pool_size = 0", "storage.postgres_pool_size"),
         ("[rate_limit]\non_store_error = \"maybe\"", "rate_limit.on_store_error"),
         ("[[routes]]\nprefix = \"/x\"\nupstream = \"nope\"", "routes[0].upstream"),
         ("[[routes]]\nprefix = \"x\"\nupstream = \"orders\"", "routes[0].prefix"),

@@ -216,12 +216,16 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         Duration::from_millis(1),
         Duration::from_secs(5),
     );
+    if let Some(size) = raw.postgres_pool_size {
+        issues.range("storage.postgres_pool_size", size, 1, 256);
+    }
     StorageSettings {
         state,
         idempotency,
         database,
         memory_max_bytes: raw.memory_max_bytes,
         state_timeout: raw.state_timeout.get(),
+        postgres_pool_size: raw.postgres_pool_size,
     }
 }
 

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
+use portcullis_idempotency::store::postgres::default_pool_size;
 use portcullis_idempotency::{
-    ExtractSettings, IdempotencySettings as LayerSettings, MemoryStore, OnInFlight, PostgresStore,
-    RedisStore, Store, StoreError,
+    ExtractSettings, IdempotencySettings as LayerSettings, MemoryStore, OnInFlight,
+    PostgresSettings, PostgresStore, RedisStore, Store, StoreError,
 };
 
 use crate::config::{Config, IdempotencyBackend, InFlightMode};
@@ -28,7 +29,7 @@ const REAP_BATCH: i64 = 1000;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdempotencyStoreError {
-    /// Redis could not be reached or the URL is unusable.
+    /// Redis or PostgreSQL could not be reached, or the URL is unusable.
     #[error("storage.idempotency: {0}")]
     Store(#[from] StoreError),
     /// PostgreSQL could not be reached or migrated.
@@ -63,8 +64,20 @@ pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyS
             .await?,
         ),
         IdempotencyBackend::Postgres(url) => {
-            let pool = portcullis_control::db::connect_postgres(url).await?;
-            let store = PostgresStore::new(pool);
+            // The control crate's pool only applies the migrations: the store keeps its own
+            // connections, which answer each statement in one exchange (no release ping).
+            portcullis_control::db::connect_postgres(url)
+                .await?
+                .close()
+                .await;
+            let settings = PostgresSettings {
+                pool_size: config
+                    .storage
+                    .postgres_pool_size
+                    .map_or_else(default_pool_size, |n| n as usize),
+                ..PostgresSettings::default()
+            };
+            let store = PostgresStore::connect(url, settings).await?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Arc::new(store)
         }

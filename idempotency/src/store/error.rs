@@ -32,6 +32,15 @@ pub enum StoreError {
     /// The backend did not answer in time.
     #[error("idempotency store timed out after {0:?}")]
     Timeout(Duration),
+    /// Every connection of the store's pool was busy for the whole wait: the database is
+    /// slower than the offered load (or the pool too small for it).
+    #[error("idempotency store: all {size} connections busy for {waited:?}")]
+    PoolExhausted {
+        /// Connections in the pool.
+        size: usize,
+        /// How long the call waited for one.
+        waited: Duration,
+    },
     /// A Redis error.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -51,7 +60,7 @@ impl StoreError {
     /// callers whether the condition is expected to pass.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Full { .. } | Self::Timeout(_) => true,
+            Self::Full { .. } | Self::Timeout(_) | Self::PoolExhausted { .. } => true,
             Self::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()
@@ -99,6 +108,7 @@ impl StoreError {
             Self::LeaseLost { .. } => "lease_lost",
             Self::Full { .. } => "full",
             Self::Timeout(_) => "timeout",
+            Self::PoolExhausted { .. } => "pool_exhausted",
             Self::Redis(_) => "redis",
             Self::Postgres(_) => "postgres",
             Self::Corrupt(_) => "corrupt",

@@ -107,3 +107,52 @@ WHERE ctid = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ))
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pgbench anchor of `bench/run.sh` and `bench/pg.sh` must run exactly the store's
+    /// statements, or "store / anchor" compares different work.
+    #[test]
+    fn pgbench_script_matches() {
+        let script = include_str!("../../../../bench/pgbench/idempotency.sql");
+        let body: String = script
+            .lines()
+            .filter(|l| !l.starts_with("--") && !l.starts_with("\\set"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let (lock, complete) = body.split_once("\\gset").expect("\\gset after try_lock");
+        let fingerprint =
+            r"'\x000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f'::bytea";
+        let key = [("$1", ":tenant"), ("$2", ":route"), ("$3", ":k")];
+        let mut want_lock = TRY_LOCK.to_owned();
+        for (from, to) in
+            key.iter()
+                .copied()
+                .chain([("$4", fingerprint), ("$5", ":lease"), ("$6", ":retention")])
+        {
+            want_lock = want_lock.replace(from, to);
+        }
+        let mut want_complete = COMPLETE.to_owned();
+        for (from, to) in key.iter().copied().chain([
+            ("$4", ":fencing_token"),
+            ("$5", "'completed'"),
+            ("$6", "201"),
+            ("$7", r#"'[["content-type","application/json"]]'"#),
+            ("$8", r"'\x7b226964223a312c226f6b223a747275657d'::bytea"),
+            ("$9", ":retention"),
+        ]) {
+            want_complete = want_complete.replace(from, to);
+        }
+        let norm = |s: &str| {
+            s.split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim_end_matches(';')
+                .to_owned()
+        };
+        assert_eq!(norm(lock), norm(&want_lock));
+        assert_eq!(norm(complete), norm(&want_complete));
+    }
+}
