@@ -1,5 +1,6 @@
 //! Wiring of the `portcullis-ratelimit` crate: the limiter chosen by `storage.state` (the only
-//! `match` on it) and the extractor that lists every policy applying to a request.
+//! `match` on it), the extractor that lists every policy applying to a request, and the
+//! observer that counts the layer's own rejections per tenant.
 //!
 //! Policies per request, all checked in one all-or-nothing decision:
 //! - the caller: the tenant's bucket, or the anonymous per-IP bucket;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use portcullis_ratelimit::{
     FailMode, FallbackConfig, FallbackLimiter, LimitKey, LimitRequest, Limiter, LimiterError,
-    LocalLimiter, Policy, Principal, RedisLimiter, RedisLimiterConfig,
+    LocalLimiter, Policy, Principal, RedisLimiter, RedisLimiterConfig, Rejection,
 };
 
 use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
@@ -118,5 +119,16 @@ pub fn extractor(
             request.push(LimitKey::global(), policy.clone(), cost);
         }
         (!request.is_empty()).then_some(request)
+    }
+}
+
+/// The rate-limit layer's observer (`RateLimitLayer::with_observer`): counts a 429 the layer
+/// answered itself against the resolved tenant, for the admin usage view. Nothing else is a
+/// rate-limit rejection — an upstream's own 429 passes through uncounted — and anonymous
+/// callers have no per-tenant count.
+pub fn count_rate_limited(extensions: &http::Extensions, rejection: &Rejection) {
+    let caller = RequestContext::of(extensions).map(|context| &context.caller);
+    if let (Rejection::RateLimited { .. }, Some(Caller::Tenant(tenant))) = (rejection, caller) {
+        tenant.record_rate_limited();
     }
 }

@@ -23,10 +23,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use portcullis_control::{Directory, Tenant};
-use portcullis_ratelimit::Rejection;
 use sha2::{Digest, Sha256};
 
-use crate::pipeline::context::RequestContext;
 use portcullis_problem::Problem;
 
 /// Header carrying an API key.
@@ -70,17 +68,6 @@ pub(crate) fn resolve_caller(
             metrics::counter!("tenant_auth_failures_total").increment(1);
             Err(unauthorized())
         }
-    }
-}
-
-/// The rate-limit layer's observer (`RateLimitLayer::with_observer`): counts a 429 the layer
-/// answered itself against the resolved tenant, for the admin usage view. Nothing else is a
-/// rate-limit rejection — an upstream's own 429 passes through uncounted — and anonymous
-/// callers have no per-tenant count.
-pub fn count_rate_limited(extensions: &http::Extensions, rejection: &Rejection) {
-    let caller = RequestContext::of(extensions).map(|context| &context.caller);
-    if let (Rejection::RateLimited { .. }, Some(Caller::Tenant(tenant))) = (rejection, caller) {
-        tenant.record_rate_limited();
     }
 }
 

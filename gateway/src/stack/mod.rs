@@ -92,7 +92,7 @@ where
                 parts.limiter.clone(),
                 crate::pipeline::ratelimit::extractor(config),
             )
-            .with_observer(crate::pipeline::tenant::count_rate_limited),
+            .with_observer(crate::pipeline::ratelimit::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
