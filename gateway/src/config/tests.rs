@@ -229,8 +229,8 @@ proptest::proptest! {
 
 #[test]
 fn buckets_the_limiter_cannot_enforce_are_refused() {
-    // More than one token per microsecond.
-    let text = "[rate_limit]\nglobal = { rate = 2000000, per = \"1s\", burst = 10 }\n";
+    // More than one token per nanosecond.
+    let text = "[rate_limit]\nglobal = { rate = 2000000000, per = \"1s\", burst = 10 }\n";
     assert_eq!(invalid_paths(text), vec!["rate_limit.global".to_owned()]);
 }
 

@@ -261,8 +261,8 @@ fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
         Duration::from_millis(1),
         Duration::from_secs(366 * 86_400),
     );
-    // The limiter's own limits (at most one token per microsecond, a full refill within
-    // 2^48 µs): refused here rather than dropped with a warning at start-up.
+    // The limiter's own limits (at most one token per nanosecond, a full refill within
+    // 2^48 µs, or 2^52 ns above one token per µs): refused here rather than dropped with a warning at start-up.
     if raw.rate >= 1 && raw.burst >= 1 && !raw.per.get().is_zero() {
         if let Err(err) =
             portcullis_ratelimit::Policy::try_new("check", raw.rate, raw.per.get(), raw.burst)
