@@ -1,7 +1,8 @@
 //! The storage trait: one atomic, all-or-nothing decision over all policies of a request.
 //!
-//! Backends: [`LocalLimiter`] (in process), [`RedisLimiter`] (shared by replicas) and the
-//! [`FallbackLimiter`] wrapper that keeps serving when the shared store is down. All pass
+//! Backends: [`LocalLimiter`] (in process), [`RedisLimiter`] (shared by replicas), the
+//! [`FallbackLimiter`] wrapper that keeps serving when the shared store is down, and the
+//! [`BatchedLimiter`] wrapper that decides from leased batches of a shared store's tokens. All pass
 //! the same conformance suite (`tests/conformance.rs`).
 //!
 //! # Consumption semantics (all backends)
@@ -46,10 +47,12 @@ use crate::key::LimitKey;
 use crate::period::{Period, QuotaEvaluation, Window};
 use crate::policy::Policy;
 
+mod batched;
 mod fallback;
 mod local;
 mod redis;
 
+pub use self::batched::{BatchedConfig, BatchedLimiter};
 pub use self::fallback::{FailMode, FallbackConfig, FallbackLimiter};
 pub use self::local::{LocalLimiter, LocalLimiterConfig};
 pub use self::redis::{RedisLimiter, RedisLimiterConfig, QUOTA_TTL_MARGIN};

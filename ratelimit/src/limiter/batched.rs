@@ -1,0 +1,593 @@
+//! Hybrid ("batched") limiter: each replica decides locally from tokens it leases from the
+//! shared store in batches, with a stated bound on what the fleet may over-admit.
+//!
+//! [`BatchedLimiter`] wraps the shared limiter (Redis or Redis Cluster, usually behind the
+//! [`FallbackLimiter`](super::FallbackLimiter)). For every token bucket whose lease would be
+//! worth it, a replica takes a **lease** of `L` tokens from the shared bucket with one
+//! ordinary decision of cost `L` (the same script, so atomic, all-or-nothing, on server
+//! time), then admits requests against that lease in process, without a round trip, until
+//! it runs out. Then the next request tops the lease up to `L` in its own decision.
+//!
+//! # Lease size and the overshoot bound
+//!
+//! `L = ⌊max_overshoot × burst / replicas⌋` (at most the burst, and at most `u32::MAX`).
+//! Every token a replica admits was first taken from the shared GCRA bucket, so tokens are
+//! never created; what changes is *when* they are spent: a token leased at `t` may be spent
+//! later. A replica holds at most `L` unspent tokens per bucket, so over any interval of
+//! length `w` the fleet admits at most
+//!
+//! ```text
+//! burst + rate × w + replicas × L  ≤  (1 + max_overshoot) × burst + rate × w
+//! ```
+//!
+//! against `burst + rate × w` in exact mode: the overshoot is at most `max_overshoot` of the
+//! policy's limit (its burst, the `X-RateLimit-Limit` value), fleet-wide, **if `replicas` is
+//! the real replica count** (more replicas than configured raise the bound in proportion).
+//! The other side: tokens sitting in one replica's lease are missing for the others, so the
+//! fleet may also *under*-admit by up to the same amount while a bucket is exhausted.
+//!
+//! # Exact where batching does not pay
+//!
+//! A check is decided exactly (forwarded, at its own cost, in the same store call as the
+//! lease top-ups) when
+//!
+//! - its lease would be smaller than 2 tokens: small limits stay exact automatically (with
+//!   `max_overshoot = 0.05` and 3 replicas, any burst below 120);
+//! - it is a calendar quota (billing-grade counts; a lease would hide usage), a shadow policy
+//!   (whose "would reject" must describe the shared bucket), or its cost exceeds the lease;
+//! - another request of this replica is already topping that lease up (one top-up in flight
+//!   per bucket, so a replica never holds more than `L`);
+//! - the lease table is full (`max_leases`, default 10 000 buckets).
+//!
+//! # All-or-nothing, and what a rejection costs
+//!
+//! Lease tokens are reserved under a lock before the store is asked; if the store then
+//! rejects the request, the reservations are put back, so "a rejected request consumes
+//! nothing" holds for the local leases exactly as for the store. A top-up that does not fit
+//! (the shared bucket has fewer than `L` tokens left) does not reject the request: the same
+//! checks are sent again at their plain cost, which decides exactly (a second round trip,
+//! only when a bucket is nearly empty). Requests decided from leases alone are always
+//! admissions; **every rejection comes from the store**, so `Retry-After`, the 429 problem
+//! and the `RateLimit` fields of a 429 are the exact ones.
+//!
+//! # Headers of an admission from a lease
+//!
+//! On an admission decided locally, a leased check reports `remaining` = the shared bucket's
+//! `remaining` as the store answered at this replica's last top-up, plus what is left in the
+//! lease (capped at the burst), and that answer's `reset_after` / `refill_after` minus the
+//! time since. Right after a top-up this equals what exact mode would report; later it
+//! ignores refill and other replicas' spending since the top-up: an estimate, by at most the
+//! other replicas' leases plus the refill since.
+//!
+//! # Giving leases back
+//!
+//! A lease not topped up for `lease_ttl` (default 1 s) is returned to the store
+//! ([`Limiter::give_back`], in a background task) by the next decision of this replica
+//! after it expired; [`BatchedLimiter::release`] returns every lease at once (the gateway
+//! calls it on graceful shutdown). A return that fails (store down, circuit open) or never
+//! happens (the process crashed, or sees no more traffic) lets the tokens lapse: they are
+//! lost for the current window only (the bucket refills them in `L × per / rate`), an
+//! under-admission of at most `L` tokens per bucket and replica, never an over-admission.
+//! Admin [`Limiter::reset`] drops this replica's leases of the reset keys (without returning
+//! them: the bucket is full again anyway); leases on other replicas stay valid until they
+//! are spent or expire. [`Limiter::peek`] and [`Limiter::give_back`] act on the store and
+//! do not see leased tokens.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use super::{Check, Limiter, LimiterError};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::{Decision, Verdict};
+use crate::key::LimitKey;
+use crate::policy::Policy;
+
+/// Settings for [`BatchedLimiter`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchedConfig {
+    /// The fraction of a policy's limit (its burst) the fleet may over-admit, in
+    /// `(0, 1]` (default 0.05).
+    pub max_overshoot: f64,
+    /// Gateway replicas sharing the store: each leases `1/replicas` of the overshoot budget
+    /// (min 1, default 1).
+    pub replicas: u32,
+    /// How long an untouched lease is kept before its tokens are returned (default 1 s).
+    pub lease_ttl: Duration,
+    /// Most buckets leased at once; further buckets are decided exactly (default 10 000).
+    pub max_leases: usize,
+}
+
+/// A limiter deciding from leased batches of tokens. See the module docs.
+#[derive(Debug)]
+pub struct BatchedLimiter {
+    inner: Arc<dyn Limiter>,
+    config: BatchedConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    leases: HashMap<LimitKey, Lease>,
+    next_sweep: Instant,
+}
+
+/// Tokens this replica took from one shared bucket and has not spent yet.
+#[derive(Debug)]
+struct Lease {
+    policy: Arc<Policy>,
+    tokens: u64,
+    /// A request is topping this lease up: others decide exactly meanwhile.
+    refilling: bool,
+    /// When the lease was last topped up, and the store's decision then.
+    topped_up: Instant,
+    snapshot: Decision,
+}
+
+/// How one check of a request is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// From the lease, `cost` tokens already reserved.
+    Local,
+    /// By the store at the check's own cost.
+    Exact,
+    /// By the store with cost `top_up` (bringing the lease back to its size).
+    TopUp(u64),
+}
+
+/// The reservations of one request in flight. Dropped without [`Pending::settle`] (the
+/// store failed, or the caller stopped waiting), it puts reserved tokens back and clears
+/// the top-up marks, so a cancelled request neither consumes nor blocks a lease.
+struct Pending<'a> {
+    limiter: &'a BatchedLimiter,
+    checks: &'a [Check],
+    plans: SmallVec<[Plan; 4]>,
+    /// For an exact retry of a top-up: lease tokens this request spends besides the store's.
+    borrowed: SmallVec<[u64; 4]>,
+    settled: bool,
+}
+
+// === impl BatchedConfig ===
+
+impl Default for BatchedConfig {
+    fn default() -> Self {
+        Self {
+            max_overshoot: 0.05,
+            replicas: 1,
+            lease_ttl: Duration::from_secs(1),
+            max_leases: 10_000,
+        }
+    }
+}
+
+impl BatchedConfig {
+    /// The lease size for `policy`, or `None` when its checks are decided exactly.
+    fn lease_size(&self, policy: &Policy) -> Option<u64> {
+        if policy.period().is_some() || policy.is_shadow() {
+            return None;
+        }
+        let share = self.max_overshoot * policy.burst() as f64 / f64::from(self.replicas.max(1));
+        // `as` saturates (NaN → 0); the burst and u32 (a check's cost) bound it.
+        let size = (share.floor() as u64)
+            .min(policy.burst())
+            .min(u64::from(u32::MAX));
+        (size >= 2).then_some(size)
+    }
+}
+
+// === impl BatchedLimiter ===
+
+impl BatchedLimiter {
+    /// Wraps `inner` (the shared store). Fails on a `max_overshoot` outside `(0, 1]`.
+    pub fn new(inner: Arc<dyn Limiter>, config: BatchedConfig) -> Result<Self, LimiterError> {
+        Self::with_clock(inner, config, Arc::new(SystemClock))
+    }
+
+    /// [`BatchedLimiter::new`] with an injected clock (lease expiry and header ages).
+    pub fn with_clock(
+        inner: Arc<dyn Limiter>,
+        config: BatchedConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, LimiterError> {
+        if !(config.max_overshoot > 0.0 && config.max_overshoot <= 1.0) {
+            return Err(LimiterError::Config(format!(
+                "max_overshoot must be in (0, 1], not {}",
+                config.max_overshoot
+            )));
+        }
+        let next_sweep = clock.now() + config.lease_ttl;
+        Ok(Self {
+            inner,
+            config,
+            clock,
+            state: Mutex::new(State {
+                leases: HashMap::new(),
+                next_sweep,
+            }),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &BatchedConfig {
+        &self.config
+    }
+
+    /// Tokens this replica holds in leases right now, over all buckets (for tests and
+    /// metrics).
+    pub fn leased_tokens(&self) -> u64 {
+        self.lock().leases.values().map(|l| l.tokens).sum()
+    }
+
+    /// Returns every lease's unspent tokens to the store (graceful shutdown). Returns that
+    /// fail are logged and lapse (see the module docs).
+    pub async fn release(&self) {
+        let returns: Vec<(Check, u64)> = {
+            let mut state = self.lock();
+            state
+                .leases
+                .drain()
+                .filter(|(_, lease)| lease.tokens > 0)
+                .map(|(key, lease)| (lease_check(key, lease.policy), lease.tokens))
+                .collect()
+        };
+        give_back_all(self.inner.as_ref(), returns).await;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update leaves the table consistent between statements; a panic elsewhere
+        // cannot leave it half-written.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Plans every check under the lock, reserving lease tokens; also collects the leases
+    /// to give back (expired, or of a policy that changed).
+    fn plan(&self, checks: &[Check], now: Instant) -> (SmallVec<[Plan; 4]>, Vec<(Check, u64)>) {
+        let mut returns = Vec::new();
+        let mut state = self.lock();
+        if now >= state.next_sweep {
+            state.next_sweep = now + self.config.lease_ttl;
+            let ttl = self.config.lease_ttl;
+            state.leases.retain(|key, lease| {
+                let keep = lease.refilling || now < lease.topped_up + ttl;
+                if !keep && lease.tokens > 0 {
+                    returns.push((lease_check(key.clone(), lease.policy.clone()), lease.tokens));
+                }
+                keep
+            });
+        }
+        let mut plans = SmallVec::new();
+        for check in checks {
+            let cost = u64::from(check.cost);
+            let size = match self.config.lease_size(&check.policy) {
+                Some(size) if cost >= 1 && cost <= size => size,
+                _ => {
+                    plans.push(Plan::Exact);
+                    continue;
+                }
+            };
+            let table_full = state.leases.len() >= self.config.max_leases;
+            let plan = match state.leases.get_mut(&check.key) {
+                Some(lease) if !same_policy(&lease.policy, &check.policy) => {
+                    if lease.refilling {
+                        Plan::Exact
+                    } else {
+                        // A reloaded policy: the old lease goes back to the bucket it came
+                        // from (same key), the new one starts empty.
+                        if lease.tokens > 0 {
+                            returns.push((
+                                lease_check(check.key.clone(), lease.policy.clone()),
+                                lease.tokens,
+                            ));
+                        }
+                        lease.policy = check.policy.clone();
+                        lease.tokens = 0;
+                        lease.refilling = true;
+                        Plan::TopUp(size)
+                    }
+                }
+                Some(lease) if lease.tokens >= cost => {
+                    lease.tokens -= cost;
+                    Plan::Local
+                }
+                Some(lease) if lease.refilling => Plan::Exact,
+                Some(lease) => {
+                    lease.refilling = true;
+                    Plan::TopUp(size.saturating_sub(lease.tokens).max(1))
+                }
+                None if table_full => Plan::Exact,
+                None => {
+                    state.leases.insert(
+                        check.key.clone(),
+                        Lease {
+                            policy: check.policy.clone(),
+                            tokens: 0,
+                            refilling: true,
+                            topped_up: now,
+                            snapshot: full(&check.policy),
+                        },
+                    );
+                    Plan::TopUp(size)
+                }
+            };
+            plans.push(plan);
+        }
+        (plans, returns)
+    }
+
+    /// The decision to report for a leased check (see "Headers" in the module docs).
+    fn leased_decision(&self, lease: &Lease, now: Instant) -> Decision {
+        let age = now.saturating_duration_since(lease.topped_up);
+        let snapshot = lease.snapshot;
+        Decision {
+            allowed: true,
+            shadow: false,
+            limit: snapshot.limit,
+            remaining: snapshot
+                .remaining
+                .saturating_add(lease.tokens)
+                .min(snapshot.limit),
+            reset_after: snapshot.reset_after.saturating_sub(age),
+            refill_after: snapshot.refill_after.map(|d| d.saturating_sub(age)),
+            retry_after: Duration::ZERO,
+        }
+    }
+
+    /// The store's checks for `plans`: the exact and top-up ones, with their costs.
+    fn store_checks(checks: &[Check], plans: &[Plan], top_up: bool) -> SmallVec<[Check; 4]> {
+        checks
+            .iter()
+            .zip(plans)
+            .filter_map(|(check, plan)| {
+                let cost = match plan {
+                    Plan::Local => return None,
+                    Plan::Exact => check.cost,
+                    Plan::TopUp(n) if top_up => u32::try_from(*n).unwrap_or(u32::MAX),
+                    Plan::TopUp(_) => check.cost,
+                };
+                Some(Check {
+                    key: check.key.clone(),
+                    policy: check.policy.clone(),
+                    cost,
+                })
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Limiter for BatchedLimiter {
+    async fn check(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
+        let now = self.clock.now();
+        let (plans, returns) = self.plan(checks, now);
+        if !returns.is_empty() {
+            let inner = self.inner.clone();
+            // Off the request's path; a failed return lapses (module docs).
+            tokio::spawn(async move { give_back_all(inner.as_ref(), returns).await });
+        }
+        let mut pending = Pending {
+            limiter: self,
+            checks,
+            borrowed: smallvec::smallvec![0; plans.len()],
+            plans,
+            settled: false,
+        };
+        if pending.plans.iter().all(|p| *p == Plan::Local) {
+            return Ok(pending.settle(None, now));
+        }
+        let leasing = pending.plans.iter().any(|p| matches!(p, Plan::TopUp(_)));
+        let first = Self::store_checks(checks, &pending.plans, true);
+        let verdict = self.inner.check(&first).await?;
+        let top_up_refused = leasing
+            && !verdict.is_allowed()
+            && first
+                .iter()
+                .zip(verdict.decisions())
+                .zip(pending.plans.iter().filter(|p| **p != Plan::Local))
+                .any(|((_, d), plan)| matches!(plan, Plan::TopUp(_)) && d.blocks());
+        if !top_up_refused {
+            return Ok(pending.settle(Some((verdict, true)), now));
+        }
+        // A lease did not fit: decide this request exactly instead (module docs), spending
+        // what is left of this replica's own lease first, so one replica alone never
+        // refuses a request its lease and the shared bucket could serve together.
+        pending.borrow();
+        let mut exact = Self::store_checks(checks, &pending.plans, false);
+        let store_borrowed = pending
+            .plans
+            .iter()
+            .zip(&pending.borrowed)
+            .filter(|(p, _)| **p != Plan::Local)
+            .map(|(_, b)| *b);
+        for (check, borrowed) in exact.iter_mut().zip(store_borrowed) {
+            let borrowed = u32::try_from(borrowed).unwrap_or(0);
+            check.cost = check.cost.saturating_sub(borrowed);
+        }
+        let verdict = self.inner.check(&exact).await?;
+        Ok(pending.settle(Some((verdict, false)), now))
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
+        let verdict = self.inner.peek(checks).await?;
+        let state = self.lock();
+        Ok(Verdict::from_decisions(
+            checks
+                .iter()
+                .zip(verdict.decisions())
+                .map(|(check, d)| with_lease(&state, check, *d)),
+        ))
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        {
+            let mut state = self.lock();
+            for check in checks {
+                if let Some(lease) = state.leases.get_mut(&check.key) {
+                    lease.tokens = 0;
+                }
+            }
+        }
+        self.inner.reset(checks).await
+    }
+
+    async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
+        let d = self.inner.give_back(check, amount).await?;
+        Ok(with_lease(&self.lock(), check, d))
+    }
+}
+
+// === impl Pending ===
+
+impl Pending<'_> {
+    /// Before an exact retry: takes up to `cost − 1` tokens from each top-up check's lease
+    /// (the store supplies the rest).
+    fn borrow(&mut self) {
+        let mut state = self.limiter.lock();
+        for ((check, plan), borrowed) in self.checks.iter().zip(&self.plans).zip(&mut self.borrowed)
+        {
+            if let (Plan::TopUp(_), Some(lease)) = (plan, state.leases.get_mut(&check.key)) {
+                let take = lease.tokens.min(u64::from(check.cost).saturating_sub(1));
+                lease.tokens -= take;
+                *borrowed = take;
+            }
+        }
+    }
+
+    /// Applies the store's answer (`None`: decided from leases alone) and builds the
+    /// verdict. `store.1`: the answer is for the top-up costs (else the plain costs).
+    fn settle(&mut self, store: Option<(Verdict, bool)>, now: Instant) -> Verdict {
+        self.settled = true;
+        let admitted = !matches!(&store, Some((v, _)) if !v.is_allowed());
+        let mut from_store = store
+            .as_ref()
+            .map(|(v, _)| v.decisions().iter().copied())
+            .into_iter()
+            .flatten();
+        let topped_up = store.as_ref().is_some_and(|(_, t)| *t);
+        let mut state = self.limiter.lock();
+        let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
+        for (i, (check, plan)) in self.checks.iter().zip(&self.plans).enumerate() {
+            let cost = u64::from(check.cost);
+            let lease = state.leases.get_mut(&check.key);
+            let decision = match (plan, lease) {
+                (Plan::Local, Some(lease)) => {
+                    if !admitted {
+                        lease.tokens = lease.tokens.saturating_add(cost);
+                    }
+                    self.limiter.leased_decision(lease, now)
+                }
+                (Plan::TopUp(n), Some(lease)) => {
+                    lease.refilling = false;
+                    if !admitted {
+                        lease.tokens = lease
+                            .tokens
+                            .saturating_add(self.borrowed.get(i).copied().unwrap_or(0));
+                    }
+                    let d = from_store.next().unwrap_or_else(|| full(&check.policy));
+                    if admitted && topped_up {
+                        // The lease now holds what it had plus the top-up, minus this
+                        // request's cost (n ≥ 1; cost ≤ size, so it stays ≤ size).
+                        lease.tokens = lease.tokens.saturating_add(*n).saturating_sub(cost);
+                        lease.topped_up = now;
+                        lease.snapshot = d;
+                        self.limiter.leased_decision(lease, now)
+                    } else {
+                        // The exact answer, with what is left of this replica's lease.
+                        Decision {
+                            remaining: d.remaining.saturating_add(lease.tokens).min(d.limit),
+                            ..d
+                        }
+                    }
+                }
+                (Plan::TopUp(_) | Plan::Exact, None) | (Plan::Exact, Some(_)) => {
+                    from_store.next().unwrap_or_else(|| full(&check.policy))
+                }
+                // A lease reserved from cannot vanish meanwhile (only `plan` and `release`
+                // remove leases, and a released one lapses): report the bucket as full.
+                (Plan::Local, None) => full(&check.policy),
+            };
+            decisions.push(decision);
+        }
+        Verdict::from_decisions(decisions)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut state = self.limiter.lock();
+        for ((check, plan), borrowed) in self.checks.iter().zip(&self.plans).zip(&self.borrowed) {
+            if let Some(lease) = state.leases.get_mut(&check.key) {
+                match plan {
+                    Plan::Local => {
+                        lease.tokens = lease.tokens.saturating_add(u64::from(check.cost))
+                    }
+                    Plan::TopUp(_) => {
+                        lease.refilling = false;
+                        lease.tokens = lease.tokens.saturating_add(*borrowed);
+                    }
+                    Plan::Exact => {}
+                }
+            }
+        }
+    }
+}
+
+/// A store decision (peek, give-back) with this replica's unspent lease counted as
+/// available: what exact mode would report if this were the only replica.
+fn with_lease(state: &State, check: &Check, mut d: Decision) -> Decision {
+    let Some(lease) = state.leases.get(&check.key) else {
+        return d;
+    };
+    if lease.tokens == 0 || !same_policy(&lease.policy, &check.policy) {
+        return d;
+    }
+    d.remaining = d.remaining.saturating_add(lease.tokens).min(d.limit);
+    if !d.allowed && d.remaining >= u64::from(check.cost) {
+        d.allowed = true;
+        d.retry_after = Duration::ZERO;
+    }
+    d
+}
+
+fn same_policy(a: &Arc<Policy>, b: &Arc<Policy>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+fn lease_check(key: LimitKey, policy: Arc<Policy>) -> Check {
+    Check {
+        key,
+        policy,
+        cost: 1,
+    }
+}
+
+/// A full bucket's decision: what a lease reports before its first top-up answered.
+fn full(policy: &Policy) -> Decision {
+    Decision {
+        allowed: true,
+        shadow: policy.is_shadow(),
+        limit: policy.burst(),
+        remaining: policy.burst(),
+        reset_after: Duration::ZERO,
+        refill_after: None,
+        retry_after: Duration::ZERO,
+    }
+}
+
+async fn give_back_all(inner: &dyn Limiter, returns: Vec<(Check, u64)>) {
+    for (check, amount) in returns {
+        if let Err(err) = inner.give_back(&check, amount).await {
+            tracing::debug!(error = %err, key = %check.key, amount, "lease not returned; it lapses");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
