@@ -36,7 +36,10 @@
 //! - it is a calendar quota (billing-grade counts; a lease would hide usage), a shadow policy
 //!   (whose "would reject" must describe the shared bucket), or its cost exceeds the lease;
 //! - another request of this replica is already topping that lease up (one top-up in flight
-//!   per bucket, so a replica never holds more than `L`);
+//!   per bucket, so a replica never holds more than `L`), or the store's last answer left
+//!   less than a lease in the bucket (near its limit a top-up would not fit: exact mode's
+//!   one round trip per decision, until an answer shows a lease's worth again); in both
+//!   cases what is left in the lease pays part of the cost;
 //! - the lease table is full (`max_leases`, default 10 000 buckets).
 //!
 //! # All-or-nothing, and what a rejection costs
@@ -124,6 +127,10 @@ struct Lease {
     tokens: u64,
     /// A request is topping this lease up: others decide exactly meanwhile.
     refilling: bool,
+    /// The store's last answer for this bucket left fewer than a lease in it: requests the
+    /// lease cannot serve are decided exactly (one round trip, as in exact mode) until an
+    /// answer shows a lease's worth again, rather than trying a top-up that would not fit.
+    low: bool,
     /// When the lease was last topped up, and the store's decision then.
     topped_up: Instant,
     snapshot: Decision,
@@ -136,8 +143,12 @@ enum Plan {
     Local,
     /// By the store at the check's own cost.
     Exact,
-    /// By the store with cost `top_up` (bringing the lease back to its size).
+    /// By the store with cost `top_up` (bringing the lease back to its size, or taking what
+    /// the shared bucket has left when that is less).
     TopUp(u64),
+    /// By the store at the check's cost minus `borrowed` tokens already taken from the
+    /// lease: the bucket had fewer tokens than the request's cost, the lease the rest.
+    Borrow(u64),
 }
 
 /// The reservations of one request in flight. Dropped without [`Pending::settle`] (the
@@ -147,8 +158,6 @@ struct Pending<'a> {
     limiter: &'a BatchedLimiter,
     checks: &'a [Check],
     plans: SmallVec<[Plan; 4]>,
-    /// For an exact retry of a top-up: lease tokens this request spends besides the store's.
-    borrowed: SmallVec<[u64; 4]>,
     settled: bool,
 }
 
@@ -294,7 +303,12 @@ impl BatchedLimiter {
                     lease.tokens -= cost;
                     Plan::Local
                 }
-                Some(lease) if lease.refilling => Plan::Exact,
+                Some(lease) if lease.refilling || lease.low => {
+                    // Exact, with what is left of the lease making up part of the cost.
+                    let take = lease.tokens.min(cost - 1);
+                    lease.tokens -= take;
+                    Plan::Borrow(take)
+                }
                 Some(lease) => {
                     lease.refilling = true;
                     Plan::TopUp(size.saturating_sub(lease.tokens).max(1))
@@ -307,6 +321,7 @@ impl BatchedLimiter {
                             policy: check.policy.clone(),
                             tokens: 0,
                             refilling: true,
+                            low: false,
                             topped_up: now,
                             snapshot: full(&check.policy),
                         },
@@ -337,8 +352,8 @@ impl BatchedLimiter {
         }
     }
 
-    /// The store's checks for `plans`: the exact and top-up ones, with their costs.
-    fn store_checks(checks: &[Check], plans: &[Plan], top_up: bool) -> SmallVec<[Check; 4]> {
+    /// The store's checks for `plans`: all but the local ones, with their costs.
+    fn store_checks(checks: &[Check], plans: &[Plan]) -> SmallVec<[Check; 4]> {
         checks
             .iter()
             .zip(plans)
@@ -346,8 +361,10 @@ impl BatchedLimiter {
                 let cost = match plan {
                     Plan::Local => return None,
                     Plan::Exact => check.cost,
-                    Plan::TopUp(n) if top_up => u32::try_from(*n).unwrap_or(u32::MAX),
-                    Plan::TopUp(_) => check.cost,
+                    Plan::TopUp(n) => u32::try_from(*n).unwrap_or(u32::MAX),
+                    Plan::Borrow(b) => check
+                        .cost
+                        .saturating_sub(u32::try_from(*b).unwrap_or(u32::MAX)),
                 };
                 Some(Check {
                     key: check.key.clone(),
@@ -372,43 +389,47 @@ impl Limiter for BatchedLimiter {
         let mut pending = Pending {
             limiter: self,
             checks,
-            borrowed: smallvec::smallvec![0; plans.len()],
             plans,
             settled: false,
         };
         if pending.plans.iter().all(|p| *p == Plan::Local) {
             return Ok(pending.settle(None, now));
         }
-        let leasing = pending.plans.iter().any(|p| matches!(p, Plan::TopUp(_)));
-        let first = Self::store_checks(checks, &pending.plans, true);
+        let first = Self::store_checks(checks, &pending.plans);
         let verdict = self.inner.check(&first).await?;
-        let top_up_refused = leasing
-            && !verdict.is_allowed()
-            && first
-                .iter()
-                .zip(verdict.decisions())
-                .zip(pending.plans.iter().filter(|p| **p != Plan::Local))
-                .any(|((_, d), plan)| matches!(plan, Plan::TopUp(_)) && d.blocks());
-        if !top_up_refused {
-            return Ok(pending.settle(Some((verdict, true)), now));
+        if verdict.is_allowed() {
+            return Ok(pending.settle(Some(verdict), now));
         }
-        // A lease did not fit: decide this request exactly instead (module docs), spending
-        // what is left of this replica's own lease first, so one replica alone never
-        // refuses a request its lease and the shared bucket could serve together.
-        pending.borrow();
-        let mut exact = Self::store_checks(checks, &pending.plans, false);
-        let store_borrowed = pending
+        // Top-ups the shared bucket refused, with the tokens it has left.
+        let store_plans = pending
             .plans
             .iter()
-            .zip(&pending.borrowed)
-            .filter(|(p, _)| **p != Plan::Local)
-            .map(|(_, b)| *b);
-        for (check, borrowed) in exact.iter_mut().zip(store_borrowed) {
-            let borrowed = u32::try_from(borrowed).unwrap_or(0);
-            check.cost = check.cost.saturating_sub(borrowed);
+            .enumerate()
+            .filter(|(_, p)| **p != Plan::Local);
+        let refused: SmallVec<[(usize, usize, u64); 4]> = store_plans
+            .zip(verdict.decisions())
+            .enumerate()
+            .filter(|(_, ((_, p), d))| matches!(p, Plan::TopUp(_)) && d.blocks())
+            .map(|(at, ((i, _), d))| (i, at, d.remaining))
+            .collect();
+        if refused.is_empty() {
+            return Ok(pending.settle(Some(verdict), now));
         }
-        let verdict = self.inner.check(&exact).await?;
-        Ok(pending.settle(Some((verdict, false)), now))
+        if let Some(verdict) = pending.refusal(&refused, &verdict) {
+            // Neither the bucket nor the lease can serve the request: the answer is known.
+            return Ok(pending.settle(Some(verdict), now));
+        }
+        // The bucket has less than a lease left: take what it has instead (a partial lease),
+        // or, when it has less than this request's cost, this replica's own lease makes up
+        // the difference. One more round trip, only while a bucket is nearly empty; it
+        // decides exactly, so one replica never refuses what its lease and the shared
+        // bucket could serve together.
+        let refused: SmallVec<[(usize, u64); 4]> =
+            refused.iter().map(|&(i, _, left)| (i, left)).collect();
+        pending.shrink(&refused);
+        let second = Self::store_checks(checks, &pending.plans);
+        let verdict = self.inner.check(&second).await?;
+        Ok(pending.settle(Some(verdict), now))
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Verdict, LimiterError> {
@@ -443,34 +464,90 @@ impl Limiter for BatchedLimiter {
 // === impl Pending ===
 
 impl Pending<'_> {
-    /// Before an exact retry: takes up to `cost − 1` tokens from each top-up check's lease
-    /// (the store supplies the rest).
-    fn borrow(&mut self) {
+    /// When no refused top-up can be served by what its bucket has left plus its lease,
+    /// the request is refused as exact mode would refuse it: `verdict` (the answer to the
+    /// top-ups) with each refused top-up's wait shortened from its top-up size to what the
+    /// request itself lacks (`(n − lacking) × T` less). `refused`: (check index, store
+    /// answer index, tokens left). `None`: a second store call is worth it.
+    fn refusal(&self, refused: &[(usize, usize, u64)], verdict: &Verdict) -> Option<Verdict> {
+        let state = self.limiter.lock();
+        let mut decisions: SmallVec<[Decision; 4]> = verdict.decisions().iter().copied().collect();
+        for &(i, at, left) in refused {
+            let check = self.checks.get(i)?;
+            let Some(Plan::TopUp(n)) = self.plans.get(i) else {
+                return None;
+            };
+            let leased = state.leases.get(&check.key).map_or(0, |l| l.tokens);
+            let lacking = u64::from(check.cost).saturating_sub(leased);
+            if left >= lacking {
+                return None;
+            }
+            let d = decisions.get_mut(at)?;
+            let p = &check.policy;
+            let tick = u64::try_from(p.store_tick().as_nanos()).unwrap_or(1);
+            let shorter = n
+                .saturating_sub(lacking)
+                .saturating_mul(p.store_interval())
+                .saturating_mul(tick);
+            d.retry_after = d
+                .retry_after
+                .saturating_sub(Duration::from_nanos(shorter))
+                .max(Duration::from_nanos(1));
+        }
+        Some(Verdict::from_decisions(decisions))
+    }
+
+    /// Records whether the store's answer (as reported, lease included) left less than a
+    /// lease in `check`'s bucket (see [`Lease::low`]).
+    fn observe(&self, state: &mut State, check: &Check, decision: &Decision) {
+        let Some(size) = self.limiter.config.lease_size(&check.policy) else {
+            return;
+        };
+        if let Some(lease) = state.leases.get_mut(&check.key) {
+            if same_policy(&lease.policy, &check.policy) {
+                let in_bucket = decision.remaining.saturating_sub(lease.tokens);
+                lease.low = in_bucket < size;
+            }
+        }
+    }
+
+    /// Before the second store call: each refused top-up (`refused`: its index and the
+    /// tokens the bucket has left) becomes a partial lease of what the bucket has, or, when
+    /// that is less than the request's cost, borrows the rest (up to `cost − 1`) from the
+    /// lease.
+    fn shrink(&mut self, refused: &[(usize, u64)]) {
         let mut state = self.limiter.lock();
-        for ((check, plan), borrowed) in self.checks.iter().zip(&self.plans).zip(&mut self.borrowed)
-        {
-            if let (Plan::TopUp(_), Some(lease)) = (plan, state.leases.get_mut(&check.key)) {
-                let take = lease.tokens.min(u64::from(check.cost).saturating_sub(1));
+        for &(i, available) in refused {
+            let (Some(check), Some(plan)) = (self.checks.get(i), self.plans.get_mut(i)) else {
+                continue;
+            };
+            let cost = u64::from(check.cost);
+            let Plan::TopUp(n) = *plan else { continue };
+            if available >= cost {
+                *plan = Plan::TopUp(n.min(available));
+            } else if let Some(lease) = state.leases.get_mut(&check.key) {
+                let take = lease.tokens.min(cost.saturating_sub(1));
                 lease.tokens -= take;
-                *borrowed = take;
+                // No longer a top-up: the next request may try one.
+                lease.refilling = false;
+                *plan = Plan::Borrow(take);
             }
         }
     }
 
     /// Applies the store's answer (`None`: decided from leases alone) and builds the
-    /// verdict. `store.1`: the answer is for the top-up costs (else the plain costs).
-    fn settle(&mut self, store: Option<(Verdict, bool)>, now: Instant) -> Verdict {
+    /// verdict.
+    fn settle(&mut self, store: Option<Verdict>, now: Instant) -> Verdict {
         self.settled = true;
-        let admitted = !matches!(&store, Some((v, _)) if !v.is_allowed());
+        let admitted = !matches!(&store, Some(v) if !v.is_allowed());
         let mut from_store = store
             .as_ref()
-            .map(|(v, _)| v.decisions().iter().copied())
+            .map(|v| v.decisions().iter().copied())
             .into_iter()
             .flatten();
-        let topped_up = store.as_ref().is_some_and(|(_, t)| *t);
         let mut state = self.limiter.lock();
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
-        for (i, (check, plan)) in self.checks.iter().zip(&self.plans).enumerate() {
+        for (check, plan) in self.checks.iter().zip(&self.plans) {
             let cost = u64::from(check.cost);
             let lease = state.leases.get_mut(&check.key);
             let decision = match (plan, lease) {
@@ -482,13 +559,8 @@ impl Pending<'_> {
                 }
                 (Plan::TopUp(n), Some(lease)) => {
                     lease.refilling = false;
-                    if !admitted {
-                        lease.tokens = lease
-                            .tokens
-                            .saturating_add(self.borrowed.get(i).copied().unwrap_or(0));
-                    }
                     let d = from_store.next().unwrap_or_else(|| full(&check.policy));
-                    if admitted && topped_up {
+                    if admitted {
                         // The lease now holds what it had plus the top-up, minus this
                         // request's cost (n ≥ 1; cost ≤ size, so it stays ≤ size).
                         lease.tokens = lease.tokens.saturating_add(*n).saturating_sub(cost);
@@ -496,20 +568,29 @@ impl Pending<'_> {
                         lease.snapshot = d;
                         self.limiter.leased_decision(lease, now)
                     } else {
-                        // The exact answer, with what is left of this replica's lease.
-                        Decision {
-                            remaining: d.remaining.saturating_add(lease.tokens).min(d.limit),
-                            ..d
-                        }
+                        // The store's answer, with what is left of this replica's lease.
+                        with_tokens(d, lease.tokens)
                     }
                 }
-                (Plan::TopUp(_) | Plan::Exact, None) | (Plan::Exact, Some(_)) => {
+                (Plan::Borrow(borrowed), Some(lease)) => {
+                    if !admitted {
+                        lease.tokens = lease.tokens.saturating_add(*borrowed);
+                    }
+                    with_tokens(
+                        from_store.next().unwrap_or_else(|| full(&check.policy)),
+                        lease.tokens,
+                    )
+                }
+                (Plan::TopUp(_) | Plan::Borrow(_) | Plan::Exact, None) | (Plan::Exact, Some(_)) => {
                     from_store.next().unwrap_or_else(|| full(&check.policy))
                 }
                 // A lease reserved from cannot vanish meanwhile (only `plan` and `release`
                 // remove leases, and a released one lapses): report the bucket as full.
                 (Plan::Local, None) => full(&check.policy),
             };
+            if *plan != Plan::Local {
+                self.observe(&mut state, check, &decision);
+            }
             decisions.push(decision);
         }
         Verdict::from_decisions(decisions)
@@ -522,14 +603,14 @@ impl Drop for Pending<'_> {
             return;
         }
         let mut state = self.limiter.lock();
-        for ((check, plan), borrowed) in self.checks.iter().zip(&self.plans).zip(&self.borrowed) {
+        for (check, plan) in self.checks.iter().zip(&self.plans) {
             if let Some(lease) = state.leases.get_mut(&check.key) {
                 match plan {
                     Plan::Local => {
                         lease.tokens = lease.tokens.saturating_add(u64::from(check.cost))
                     }
-                    Plan::TopUp(_) => {
-                        lease.refilling = false;
+                    Plan::TopUp(_) => lease.refilling = false,
+                    Plan::Borrow(borrowed) => {
                         lease.tokens = lease.tokens.saturating_add(*borrowed);
                     }
                     Plan::Exact => {}
@@ -548,12 +629,20 @@ fn with_lease(state: &State, check: &Check, mut d: Decision) -> Decision {
     if lease.tokens == 0 || !same_policy(&lease.policy, &check.policy) {
         return d;
     }
-    d.remaining = d.remaining.saturating_add(lease.tokens).min(d.limit);
+    d = with_tokens(d, lease.tokens);
     if !d.allowed && d.remaining >= u64::from(check.cost) {
         d.allowed = true;
         d.retry_after = Duration::ZERO;
     }
     d
+}
+
+/// `d` with `tokens` more remaining (capped at the limit).
+fn with_tokens(d: Decision, tokens: u64) -> Decision {
+    Decision {
+        remaining: d.remaining.saturating_add(tokens).min(d.limit),
+        ..d
+    }
 }
 
 fn same_policy(a: &Arc<Policy>, b: &Arc<Policy>) -> bool {

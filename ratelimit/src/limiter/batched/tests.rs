@@ -186,12 +186,12 @@ async fn a_rejected_request_consumes_nothing_from_the_lease() {
 }
 
 #[tokio::test]
-async fn a_top_up_that_does_not_fit_falls_back_to_an_exact_decision() {
+async fn a_top_up_that_does_not_fit_takes_what_is_left() {
     let s = setup();
     let b = s.batched(config(1.0, 1));
     let p = policy(10, Duration::from_secs(1000), 10);
     let c = check(&LimitKey::global(), &p, 1);
-    // Another replica spent 5: a lease of 10 no longer fits, a request of 1 does.
+    // Another replica spent 5: a lease of 10 no longer fits; the 5 left are leased instead.
     let five = check(&LimitKey::global(), &p, 5);
     assert!(s.store.check(&[five]).await.unwrap().is_allowed());
     let v = b.check(std::slice::from_ref(&c)).await.unwrap();
@@ -199,7 +199,7 @@ async fn a_top_up_that_does_not_fit_falls_back_to_an_exact_decision() {
     assert_eq!(v.decisions()[0].remaining, 4);
     assert_eq!(
         (s.calls(), s.shared(&c).await, b.leased_tokens()),
-        (3, 4, 0)
+        (3, 0, 4)
     );
     for _ in 0..4 {
         assert!(b
@@ -208,10 +208,35 @@ async fn a_top_up_that_does_not_fit_falls_back_to_an_exact_decision() {
             .unwrap()
             .is_allowed());
     }
+    assert_eq!(s.calls(), 3);
     let v = b.check(std::slice::from_ref(&c)).await.unwrap();
     assert!(!v.is_allowed());
-    // Retry-After is the exact one for a single token: one emission interval.
+    // The refused top-up already told all: one call, and Retry-After for one token (one
+    // emission interval), not for a lease of 10.
     assert_eq!(v.retry_after(), Duration::from_secs(100));
+    assert_eq!(s.calls(), 4);
+}
+
+#[tokio::test]
+async fn the_lease_makes_up_what_the_bucket_lacks() {
+    let s = setup();
+    let b = s.batched(config(0.5, 1)); // leases of 5
+    let p = policy(10, Duration::from_secs(1000), 10);
+    let heavy = check(&LimitKey::global(), &p, 3);
+    // 5 leased, 3 spent (lease 2); 3 more leased, 3 spent (lease 2): 4 left in all.
+    for expected in [7, 4] {
+        let v = b.check(std::slice::from_ref(&heavy)).await.unwrap();
+        assert_eq!(v.decisions()[0].remaining, expected);
+    }
+    assert_eq!((s.shared(&heavy).await, b.leased_tokens()), (2, 2));
+    // 2 from the bucket + 2 from the lease serve a request of 3, as exact mode would.
+    let v = b.check(std::slice::from_ref(&heavy)).await.unwrap();
+    assert!(v.is_allowed());
+    assert_eq!(v.decisions()[0].remaining, 1);
+    let v = b.check(std::slice::from_ref(&heavy)).await.unwrap();
+    assert!(!v.is_allowed());
+    assert_eq!(v.decisions()[0].remaining, 1);
+    assert_eq!((s.shared(&heavy).await, b.leased_tokens()), (1, 0));
 }
 
 #[tokio::test]
