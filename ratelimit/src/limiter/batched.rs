@@ -66,7 +66,7 @@
 //!
 //! A lease not topped up for `lease_ttl` (default 1 s) is returned to the store
 //! ([`Limiter::give_back`], in a background task) by the next decision of this replica
-//! after it expired; [`BatchedLimiter::release`] returns every lease at once (the gateway
+//! after it expired; [`Limiter::release`] returns every lease at once (the gateway
 //! calls it on graceful shutdown). A return that fails (store down, circuit open) or never
 //! happens (the process crashed, or sees no more traffic) lets the tokens lapse: they are
 //! lost for the current window only (the bucket refills them in `L × per / rate`), an
@@ -232,9 +232,9 @@ impl BatchedLimiter {
         self.lock().leases.values().map(|l| l.tokens).sum()
     }
 
-    /// Returns every lease's unspent tokens to the store (graceful shutdown). Returns that
-    /// fail are logged and lapse (see the module docs).
-    pub async fn release(&self) {
+    /// Returns every lease's unspent tokens to the store. Returns that fail are logged and
+    /// lapse (see the module docs).
+    async fn release_leases(&self) {
         let returns: Vec<(Check, u64)> = {
             let mut state = self.lock();
             state
@@ -458,6 +458,11 @@ impl Limiter for BatchedLimiter {
     async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError> {
         let d = self.inner.give_back(check, amount).await?;
         Ok(with_lease(&self.lock(), check, d))
+    }
+
+    /// Returns every lease's unspent tokens to the store (graceful shutdown).
+    async fn release(&self) {
+        self.release_leases().await;
     }
 }
 

@@ -102,6 +102,10 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
     /// Calendar quota: the current window's used count decreases by `amount`, not below 0.
     /// Bucket: `amount` tokens are returned, capped at the burst (a full bucket).
     async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError>;
+
+    /// Hands back what this limiter holds on the shared store's behalf (the
+    /// [`BatchedLimiter`]'s unspent leases), on graceful shutdown. Default: nothing held.
+    async fn release(&self) {}
 }
 
 /// Why a limiter could not decide.
