@@ -64,7 +64,7 @@
 //!
 //! # Giving leases back
 //!
-//! A lease not topped up for `lease_ttl` (default 1 s) is returned to the store
+//! A lease no request has spent from for `lease_ttl` (default 1 s) is returned to the store
 //! ([`Limiter::give_back`], in a background task) by the next decision of this replica
 //! after it expired; [`Limiter::release`] returns every lease at once (the gateway
 //! calls it on graceful shutdown). A return that fails (store down, circuit open) or never
@@ -133,6 +133,8 @@ struct Lease {
     low: bool,
     /// When the lease was last topped up, and the store's decision then.
     topped_up: Instant,
+    /// When a request last spent from it: an idle lease goes back after `lease_ttl`.
+    used: Instant,
     snapshot: Decision,
 }
 
@@ -262,7 +264,7 @@ impl BatchedLimiter {
             state.next_sweep = now + self.config.lease_ttl;
             let ttl = self.config.lease_ttl;
             state.leases.retain(|key, lease| {
-                let keep = lease.refilling || now < lease.topped_up + ttl;
+                let keep = lease.refilling || now < lease.used + ttl;
                 if !keep && lease.tokens > 0 {
                     returns.push((lease_check(key.clone(), lease.policy.clone()), lease.tokens));
                 }
@@ -301,6 +303,7 @@ impl BatchedLimiter {
                 }
                 Some(lease) if lease.tokens >= cost => {
                     lease.tokens -= cost;
+                    lease.used = now;
                     Plan::Local
                 }
                 Some(lease) if lease.refilling || lease.low => {
@@ -323,6 +326,7 @@ impl BatchedLimiter {
                             refilling: true,
                             low: false,
                             topped_up: now,
+                            used: now,
                             snapshot: full(&check.policy),
                         },
                     );
@@ -570,6 +574,7 @@ impl Pending<'_> {
                         // request's cost (n ≥ 1; cost ≤ size, so it stays ≤ size).
                         lease.tokens = lease.tokens.saturating_add(*n).saturating_sub(cost);
                         lease.topped_up = now;
+                        lease.used = now;
                         lease.snapshot = d;
                         self.limiter.leased_decision(lease, now)
                     } else {

@@ -344,3 +344,21 @@ async fn three_replicas_stay_within_the_overshoot_bound() {
     assert!(admitted >= exact - 3 * 166, "{admitted} < {exact} - leases");
     assert!(admitted <= exact + 500, "{admitted}");
 }
+
+#[tokio::test]
+async fn a_lease_in_use_is_kept_past_its_ttl() {
+    let s = setup();
+    let b = s.batched(config(0.1, 1));
+    let p = policy(1000, Duration::from_secs(1000), 1000);
+    let c = check(&LimitKey::global(), &p, 1);
+    for _ in 0..4 {
+        assert!(b
+            .check(std::slice::from_ref(&c))
+            .await
+            .unwrap()
+            .is_allowed());
+        s.clock.advance(Duration::from_millis(600));
+    }
+    // 1.8 s after the top-up, never idle for 1 s: one store call, the lease still here.
+    assert_eq!((s.calls(), b.leased_tokens()), (1, 96));
+}
