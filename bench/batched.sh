@@ -103,21 +103,27 @@ EOF
 done
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+evalsha() {
+    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
+        awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2} END {}' | grep . || echo 0
+}
 declare -A RESULTS
 for ((round = 1; round <= ROUNDS; round++)); do
     for name in memory redis-exact redis-batched; do
+        scripts_before=$(evalsha)
         out=$(BENCH_AUTH=$KEY taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" \
             -s "$ROOT/bench/wrk/bench.lua" "http://127.0.0.1:${PORT[$name]}/")
         rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
         non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
-        echo "round $round  $name  $rps req/s  non-2xx ${non2xx:-0}  (load $(cut -d' ' -f1 /proc/loadavg))"
+        requests=$(awk '/requests in/ {print $1}' <<<"$out")
+        scripts=$(($(evalsha) - scripts_before))
+        echo "round $round  $name  $rps req/s  non-2xx ${non2xx:-0}  scripts $scripts for $requests requests  (load $(cut -d' ' -f1 /proc/loadavg))"
         RESULTS[$name]+="$rps "
         sleep 0.5
     done
 done
 
 echo
-echo "scripts run by redis: $(redis-cli -p "$REDIS_PORT" info commandstats | grep -E '^cmdstat_evalsha' | tr -d '\r')"
 for name in memory redis-exact redis-batched; do
     median=$(tr ' ' '\n' <<<"${RESULTS[$name]}" | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
     RESULTS[$name.median]=$median
