@@ -5,8 +5,10 @@
 //! [`FallbackLimiter`](super::FallbackLimiter)). For every token bucket whose lease would be
 //! worth it, a replica takes a **lease** of `L` tokens from the shared bucket with one
 //! ordinary decision of cost `L` (the same script, so atomic, all-or-nothing, on server
-//! time), then admits requests against that lease in process, without a round trip, until
-//! it runs out. Then the next request tops the lease up to `L` in its own decision.
+//! time), then admits requests against that lease in process, without a round trip. When a
+//! lease falls below `L / 4`, the request that saw it starts a top-up back to `L` in the
+//! background (no request waits for it; a refused top-up only marks the bucket as near its
+//! limit); a request that finds its lease empty tops it up in its own decision.
 //!
 //! # Lease size and the overshoot bound
 //!
@@ -111,7 +113,8 @@ pub struct BatchedLimiter {
     inner: Arc<dyn Limiter>,
     config: BatchedConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    /// Shared with the background top-ups.
+    state: Arc<Mutex<State>>,
 }
 
 #[derive(Debug)]
@@ -216,10 +219,10 @@ impl BatchedLimiter {
             inner,
             config,
             clock,
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 leases: HashMap::new(),
                 next_sweep,
-            }),
+            })),
         })
     }
 
@@ -250,15 +253,55 @@ impl BatchedLimiter {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // Every update leaves the table consistent between statements; a panic elsewhere
-        // cannot leave it half-written.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
+    }
+
+    /// Tops a lease up to `size` in the background, without making any request wait: the
+    /// store call takes `n` tokens for future requests, not for a request's verdict, so it
+    /// is not part of any request's all-or-nothing decision. A refusal marks the lease low
+    /// (the bucket has less than that left); an error leaves it as it was.
+    fn top_up_ahead(&self, key: LimitKey, policy: Arc<Policy>, n: u64) {
+        let (inner, state, clock) = (self.inner.clone(), self.state.clone(), self.clock.clone());
+        let size = self.config.lease_size(&policy).unwrap_or(u64::MAX);
+        tokio::spawn(async move {
+            let check = Check {
+                key,
+                policy,
+                cost: u32::try_from(n).unwrap_or(u32::MAX),
+            };
+            let answer = inner.check(std::slice::from_ref(&check)).await;
+            let mut state = lock(&state);
+            let Some(lease) = state
+                .leases
+                .get_mut(&check.key)
+                .filter(|l| same_policy(&l.policy, &check.policy))
+            else {
+                // Released or replaced meanwhile: what was taken lapses (module docs).
+                return;
+            };
+            lease.refilling = false;
+            match answer {
+                Ok(verdict) => {
+                    let d = verdict.decisions().first().copied();
+                    if verdict.is_allowed() {
+                        lease.tokens = lease.tokens.saturating_add(u64::from(check.cost));
+                        lease.topped_up = clock.now();
+                        if let Some(d) = d {
+                            lease.snapshot = d;
+                        }
+                    }
+                    lease.low = d.is_some_and(|d| d.remaining < size);
+                }
+                Err(err) => tracing::debug!(error = %err, "rate-limit lease top-up failed"),
+            }
+        });
     }
 
     /// Plans every check under the lock, reserving lease tokens; also collects the leases
     /// to give back (expired, or of a policy that changed).
     fn plan(&self, checks: &[Check], now: Instant) -> (SmallVec<[Plan; 4]>, Vec<(Check, u64)>) {
         let mut returns = Vec::new();
+        let mut ahead: SmallVec<[(LimitKey, Arc<Policy>, u64); 2]> = SmallVec::new();
         let mut state = self.lock();
         if now >= state.next_sweep {
             state.next_sweep = now + self.config.lease_ttl;
@@ -304,6 +347,12 @@ impl BatchedLimiter {
                 Some(lease) if lease.tokens >= cost => {
                     lease.tokens -= cost;
                     lease.used = now;
+                    // Below a quarter of a lease: refill ahead, so the requests that follow
+                    // do not find it empty (each would then be decided exactly).
+                    if lease.tokens < size / 4 && !lease.refilling && !lease.low {
+                        lease.refilling = true;
+                        ahead.push((check.key.clone(), check.policy.clone(), size - lease.tokens));
+                    }
                     Plan::Local
                 }
                 Some(lease) if lease.refilling || lease.low => {
@@ -334,6 +383,10 @@ impl BatchedLimiter {
                 }
             };
             plans.push(plan);
+        }
+        drop(state);
+        for (key, policy, n) in ahead {
+            self.top_up_ahead(key, policy, n);
         }
         (plans, returns)
     }
@@ -645,6 +698,12 @@ fn with_lease(state: &State, check: &Check, mut d: Decision) -> Decision {
         d.retry_after = Duration::ZERO;
     }
     d
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Every update leaves the table consistent between statements; a panic elsewhere cannot
+    // leave it half-written.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `d` with `tokens` more remaining (capped at the limit).

@@ -156,7 +156,8 @@ impl Eval {
         }
     }
 
-    /// `tick`: the bucket's tick (1 ns locally, 1 µs on Redis); unused by counters.
+    /// `tick`: the bucket's tick (1 ns locally; on Redis [`Policy::store_tick`]); unused by
+    /// counters.
     pub(crate) fn decision(&self, committed: bool, shadow: bool, tick: Duration) -> Decision {
         match self {
             Eval::Bucket(e) => e.decision(committed, shadow, tick),

@@ -135,7 +135,7 @@ async fn small_limits_stay_exact() {
 }
 
 #[tokio::test]
-async fn decides_locally_from_a_lease_until_it_runs_out() {
+async fn decides_locally_from_a_lease_and_refills_it_ahead() {
     let s = setup();
     let b = s.batched(config(0.1, 1));
     let p = policy(1000, Duration::from_secs(1000), 1000); // no refill to speak of
@@ -149,22 +149,35 @@ async fn decides_locally_from_a_lease_until_it_runs_out() {
     );
     // Reported as exact mode would: 999 left (900 shared + 99 leased).
     assert_eq!(v.decisions()[0].remaining, 999);
-    for _ in 0..99 {
+    for _ in 0..74 {
         assert!(b
             .check(std::slice::from_ref(&c))
             .await
             .unwrap()
             .is_allowed());
     }
-    assert_eq!((s.calls(), b.leased_tokens()), (1, 0));
-    assert_eq!(
-        b.check(std::slice::from_ref(&c)).await.unwrap().decisions()[0].remaining,
-        899
-    );
+    assert_eq!((s.calls(), b.leased_tokens()), (1, 25));
+    // The next one leaves 24, under a quarter of the lease: a top-up of 76 starts in the
+    // background while this request is admitted locally.
+    assert!(b
+        .check(std::slice::from_ref(&c))
+        .await
+        .unwrap()
+        .is_allowed());
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
     assert_eq!(
         (s.calls(), s.shared(&c).await, b.leased_tokens()),
-        (2, 800, 99)
+        (2, 824, 100)
     );
+    let v = b.check(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(
+        v.decisions()[0].remaining,
+        1000 - 77,
+        "as exact mode would report"
+    );
+    assert_eq!(s.calls(), 2);
 }
 
 #[tokio::test]
