@@ -266,7 +266,7 @@ declare -A GW_PID GW_ADMIN GW_WHAT
 # The rate-limited gateways' one tenant. Rates are so high that nothing is ever rejected: the
 # benchmark measures the cost of a decision, not of a rejection (as nginx's limit_req zone).
 BENCH_API_KEY="pc-bench-$RUN_ID-0123456789abcdef"
-HUGE=1000000 # the limiter refuses rates over 1 per µs (1 000 000/s): it logs "invalid stored limit ignored" and skips the policy
+HUGE=1000000 # far above what one worker serves; the limiter accepts up to 1 per ns (10⁹/s), beyond that it logs "invalid stored limit ignored" and skips the policy
 RL_BLOCK="[rate_limit]
 global = { rate = $HUGE, per = \"1s\", burst = $HUGE }
 

@@ -149,6 +149,7 @@ pub async fn run(
     ));
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
 
+    let release_limiter = limiter.clone();
     let admin_app = admin_router(
         &config,
         &db,
@@ -183,6 +184,10 @@ pub async fn run(
 
     let _ = stop_tx.send(true);
     let _ = admin.await;
+    // Batched rate limiting: unspent leases go back to the shared store, bounded so a dead
+    // store cannot hold the exit (unreturned tokens lapse; see the ratelimit crate).
+    let _ =
+        tokio::time::timeout(std::time::Duration::from_secs(1), release_limiter.release()).await;
     db.close().await;
     tracing::info!("portcullis stopped");
     Ok(())

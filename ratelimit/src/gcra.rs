@@ -15,8 +15,10 @@
 //! full bucket, which is exactly what an absent key means: expiry and eviction lose nothing.
 //!
 //! Units are abstract *ticks*: the local backend uses nanoseconds on tokio's monotonic
-//! clock, the Redis script microseconds of server `TIME`. All arithmetic is exact `u64`
-//! with saturation at the extremes, so the bound "admitted ≤ burst + rate × interval" holds
+//! clock, the Redis script nanoseconds on server `TIME` (a microsecond clock; buckets
+//! refilling over ~52 days keep microsecond ticks, see
+//! [`Policy::store_tick`](crate::Policy::store_tick)). All arithmetic is exact `u64` with
+//! saturation at the extremes, so the bound "admitted ≤ burst + rate × interval" holds
 //! without floating-point slack (see the property tests below).
 
 use std::time::Duration;

@@ -128,8 +128,8 @@ pub use crate::decision::{ceil_secs, Decision, Verdict};
 pub use crate::key::{LimitKey, Principal};
 pub use crate::layer::{Extract, Observe, RateLimitLayer};
 pub use crate::limiter::{
-    Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest, Limiter, LimiterError,
-    LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,
+    BatchedConfig, BatchedLimiter, Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest,
+    Limiter, LimiterError, LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,
 };
 pub use crate::period::{Period, Window};
 pub use crate::policy::{Policy, PolicyError};

@@ -7,10 +7,13 @@
 //! nanoseconds (local backend) and microseconds (Redis backend) and the `RateLimit-Policy`
 //! header value, so the per-request path does no division by `rate` and no formatting.
 //!
-//! Accuracy: the emission interval is `per / rate` rounded **up** to the tick (1 ns locally,
-//! 1 µs on Redis). Rounding up can only make the limiter stricter, by less than one tick per
-//! token: for 50 000/s on Redis (20 µs per token) that is exact; for 3/s locally it is
-//! 333 333 334 ns instead of 333 333 333.3 ns, 1 part in 10⁹.
+//! Accuracy: the emission interval is `per / rate` rounded **up** to the tick (1 ns locally
+//! and, for every bucket that refills within 2^52 ns ≈ 52 days, on Redis too; 1 µs on Redis
+//! for slower buckets, see [`Policy::store_tick`]). Rounding up can only make the limiter
+//! stricter, by less than one tick per token: for 100 000 000/s (10 ns per token) that is
+//! exact; for 3/s it is 333 333 334 ns instead of 333 333 333.3 ns, 1 part in 10⁹; at the
+//! top of the range it is coarse (300 000 000/s enforces 4 ns per token, 250 000 000/s), so
+//! rates above about 10⁸/s should be round divisors of 10⁹/s.
 //!
 //! # Calendar quotas
 //!
@@ -70,6 +73,13 @@ use crate::period::{Period, DAY_SECS};
 /// centuries. A yearly quota still fits.
 const MAX_REFILL_MICROS: u128 = 1 << 48;
 
+/// Largest bucket the Redis script keeps in nanosecond ticks, as the time to refill it from
+/// empty: 2^52 ns (about 52 days). The script never handles absolute nanoseconds (Unix time
+/// is about 2^60.6 ns, far beyond a double's 2^53): it splits the stored TAT into whole
+/// microseconds and a 0–999 ns remainder and computes `TAT − now` in nanoseconds, which is
+/// at most the tolerance plus one request's cost (≤ the burst), so below 2^53: exact.
+const MAX_NANO_TOLERANCE: u128 = 1 << 52;
+
 /// Largest calendar quota: 2^48 units per window (2.8 × 10¹⁴). The Redis script counts in
 /// Lua doubles, exact below 2^53 even after adding a request's cost.
 pub const MAX_QUOTA: u64 = 1 << 48;
@@ -99,6 +109,9 @@ pub struct Policy {
     on_store_error: Option<FailMode>,
     interval_nanos: u64,
     interval_micros: u64,
+    /// The Redis script's tick for this bucket in nanoseconds: 1, or 1 000 for buckets
+    /// refilling over more than [`MAX_NANO_TOLERANCE`].
+    store_tick_nanos: u64,
     header: HeaderValue,
     /// Monthly quotas: the `RateLimit-Policy` value for months of 28, 29, 30 and 31 days.
     month_headers: Option<Arc<[HeaderValue; 4]>>,
@@ -118,16 +131,19 @@ pub enum PolicyError {
     /// `per` was zero.
     #[error("per must be longer than 0")]
     ZeroPeriod,
-    /// More than one token per microsecond: the Redis backend keeps microseconds.
-    #[error("rate {rate} per {per:?} is more than one per microsecond (1 000 000/s)")]
+    /// More than one token per nanosecond, the finest tick of every backend.
+    #[error("rate {rate} per {per:?} is more than one per nanosecond (1 000 000 000/s)")]
     RateTooHigh {
         /// The refused rate.
         rate: u64,
         /// Its period.
         per: Duration,
     },
-    /// Refilling a full bucket would take longer than about 8.9 years (2^48 µs).
-    #[error("burst {burst} at {rate} per {per:?} takes too long to refill (max 2^48 µs)")]
+    /// Refilling a full bucket would take longer than about 8.9 years (2^48 µs), or longer
+    /// than about 52 days (2^52 ns) at more than one token per microsecond.
+    #[error(
+        "burst {burst} at {rate} per {per:?} takes too long to refill (max 2^48 µs, or 2^52 ns above 1 000 000/s)"
+    )]
     RefillTooLong {
         /// The refused burst.
         burst: u64,
@@ -173,14 +189,23 @@ impl Policy {
         if per.is_zero() {
             return Err(PolicyError::ZeroPeriod);
         }
-        let interval_micros = div_ceil(per.as_nanos(), u128::from(rate) * 1_000);
-        if u128::from(rate) > per.as_micros() {
+        if u128::from(rate) > per.as_nanos() {
             return Err(PolicyError::RateTooHigh { rate, per });
         }
+        let interval_micros = div_ceil(per.as_nanos(), u128::from(rate) * 1_000);
+        let interval_nanos = div_ceil(per.as_nanos(), u128::from(rate));
         if interval_micros * u128::from(burst) > MAX_REFILL_MICROS {
             return Err(PolicyError::RefillTooLong { burst, rate, per });
         }
-        let interval_nanos = div_ceil(per.as_nanos(), u128::from(rate));
+        // Nanosecond ticks on Redis whenever the script's arithmetic stays exact; slower
+        // buckets keep microseconds, which is only correct at most one token per µs.
+        let store_tick_nanos = if interval_nanos * u128::from(burst) <= MAX_NANO_TOLERANCE {
+            1
+        } else if u128::from(rate) <= per.as_micros() {
+            1_000
+        } else {
+            return Err(PolicyError::RefillTooLong { burst, rate, per });
+        };
         // Both fit: interval_micros × burst ≤ 2^48, so interval_nanos < 2^58.
         let interval_nanos = u64::try_from(interval_nanos).unwrap_or(u64::MAX);
         let interval_micros = u64::try_from(interval_micros).unwrap_or(u64::MAX);
@@ -195,6 +220,7 @@ impl Policy {
             on_store_error: None,
             interval_nanos,
             interval_micros,
+            store_tick_nanos,
             header,
             month_headers: None,
             metrics: OnceLock::new(),
@@ -244,6 +270,7 @@ impl Policy {
             on_store_error: None,
             interval_nanos: 0,
             interval_micros: 0,
+            store_tick_nanos: 1,
             header,
             month_headers,
             metrics: OnceLock::new(),
@@ -332,6 +359,22 @@ impl Policy {
     /// quota.
     pub fn interval_micros(&self) -> u64 {
         self.interval_micros
+    }
+
+    /// The tick the Redis script uses for this bucket: 1 ns, or 1 µs for a bucket that
+    /// takes more than 2^52 ns (about 52 days) to refill, whose nanosecond arithmetic would
+    /// not be exact in Lua's doubles. 1 ns for a calendar quota (unused).
+    pub fn store_tick(&self) -> Duration {
+        Duration::from_nanos(self.store_tick_nanos)
+    }
+
+    /// Emission interval in [`Policy::store_tick`]s; 0 for a calendar quota.
+    pub fn store_interval(&self) -> u64 {
+        if self.store_tick_nanos == 1 {
+            self.interval_nanos
+        } else {
+            self.interval_micros
+        }
     }
 
     pub(crate) fn metrics(&self) -> &PolicyMetrics {
@@ -452,14 +495,31 @@ mod tests {
             Err(PolicyError::InvalidName(_))
         ));
         assert!(matches!(
-            Policy::try_new("t", 2_000_000, secs(1), 1),
+            Policy::try_new("t", 2_000_000_000, secs(1), 1),
             Err(PolicyError::RateTooHigh { .. })
+        ));
+        // Above one per µs, the refill must fit the script's nanosecond range (2^52 ns).
+        assert!(matches!(
+            Policy::try_new("t", 2_000_000, secs(1), 1 << 52),
+            Err(PolicyError::RefillTooLong { .. })
         ));
         assert!(matches!(
             Policy::try_new("t", 1, secs(86_400), u64::MAX / 2),
             Err(PolicyError::RefillTooLong { .. })
         ));
         assert!(Policy::try_new("route:/orders", 1_000_000, secs(1), 1).is_ok());
+        assert!(Policy::try_new("global", 1_000_000_000, secs(1), 1).is_ok());
+    }
+
+    #[test]
+    fn fleet_scale_rates_use_nanosecond_ticks() {
+        let p = Policy::try_new("global", 100_000_000, secs(1), 100_000_000).unwrap();
+        assert_eq!(p.store_tick(), Duration::from_nanos(1));
+        assert_eq!(p.store_interval(), 10);
+        // 1 per day with a burst of 1000: 1000 days to refill, beyond 2^52 ns: microseconds.
+        let p = Policy::try_new("slow", 1, secs(86_400), 1000).unwrap();
+        assert_eq!(p.store_tick(), Duration::from_micros(1));
+        assert_eq!(p.store_interval(), 86_400_000_000);
     }
 
     #[test]

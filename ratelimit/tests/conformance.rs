@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use portcullis_ratelimit::limiter::QUOTA_TTL_MARGIN;
 use portcullis_ratelimit::{
-    Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig, ManualClock, Period, Policy,
-    Principal, RedisLimiter, RedisLimiterConfig, Verdict,
+    BatchedConfig, BatchedLimiter, Check, LimitKey, Limiter, LocalLimiter, LocalLimiterConfig,
+    ManualClock, Period, Policy, Principal, RedisLimiter, RedisLimiterConfig, Verdict,
 };
 use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
 
@@ -61,6 +61,8 @@ enum Backend {
 
 struct Harness {
     backend: Backend,
+    /// Set: decisions go through this wrapper of the backend's limiter (the batched one).
+    wrapper: Option<Arc<dyn Limiter>>,
     clock: Arc<ManualClock>,
     scope: String,
 }
@@ -75,6 +77,7 @@ impl Harness {
             },
             clock,
             scope: format!("t{:016x}", rand::random::<u64>()),
+            wrapper: None,
         }
     }
 
@@ -108,6 +111,7 @@ impl Harness {
             },
             clock,
             scope: "t".into(),
+            wrapper: None,
         }
     }
 
@@ -150,10 +154,27 @@ impl Harness {
             },
             clock,
             scope: "t".into(),
+            wrapper: None,
         })
     }
 
+    /// The backend wrapped in a [`BatchedLimiter`] leasing half of each burst (one
+    /// replica): buckets of 4 tokens or more are decided from leases.
+    fn batched(mut self) -> Self {
+        let config = BatchedConfig {
+            max_overshoot: 0.5,
+            replicas: 1,
+            ..BatchedConfig::default()
+        };
+        let batched = BatchedLimiter::with_clock(self.limiter(), config, self.clock.clone());
+        self.wrapper = Some(Arc::new(batched.unwrap()));
+        self
+    }
+
     fn limiter(&self) -> Arc<dyn Limiter> {
+        if let Some(wrapper) = &self.wrapper {
+            return wrapper.clone();
+        }
         match &self.backend {
             Backend::Local { limiter, .. } => limiter.clone(),
             Backend::Redis { limiter, .. } => limiter.clone(),
@@ -476,6 +497,28 @@ async fn concurrent_requests_never_overspend(h: Harness) {
     assert_eq!(admitted, 10);
 }
 
+/// 100 000 000 tokens per second (10 ns each) on every backend: nanosecond ticks, exact in
+/// the Redis script's doubles. A full burst of 10⁶ is taken at once; the next one waits
+/// exactly 10 ns per missing token (refill since the first decision included).
+async fn fleet_scale_rates_are_exact(h: Harness) {
+    let p = Arc::new(
+        Policy::try_new("global", 100_000_000, Duration::from_secs(1), 1_000_000).unwrap(),
+    );
+    let all = [check(&h.key("fleet"), &p, 1_000_000)];
+    let v = decide(&h, &all).await;
+    assert!(v.is_allowed());
+    assert_eq!(v.decisions()[0].remaining, 0);
+    let v = decide(&h, &all).await;
+    assert!(!v.is_allowed());
+    let d = v.decisions()[0];
+    assert!(d.remaining < 1_000_000);
+    let wait = Duration::from_nanos((1_000_000 - d.remaining) * 10);
+    assert!(
+        d.retry_after <= wait && wait - d.retry_after < Duration::from_nanos(10),
+        "{d:?}"
+    );
+}
+
 // === calendar quotas ===
 
 async fn quota_exhausted_rejects_until_window_end(h: Harness) {
@@ -724,6 +767,81 @@ macro_rules! conformance {
     };
 }
 
+/// The same behaviours through a [`BatchedLimiter`] (see [`Harness::batched`]): every
+/// behaviour holds except the exact count under concurrency, which leases relax (tokens in a
+/// lease being topped up are not available to the requests racing it), replaced by its bound.
+macro_rules! batched_conformance {
+    ($($behaviour:ident),* $(,)?) => {
+        mod batched_local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::Harness::local().batched()).await;
+                }
+            )*
+        }
+        mod batched_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::Harness::redis().await.batched()).await;
+                }
+            )*
+        }
+        mod batched_redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    if let Some(h) = super::Harness::redis_cluster().await {
+                        super::$behaviour(h.batched()).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// Batched: 50 concurrent requests on a bucket of 10 never overspend it; the lease being
+/// topped up (5 tokens) may leave up to that many unused while the racing requests, decided
+/// exactly, find the shared bucket empty.
+async fn concurrent_requests_stay_within_the_leases(h: Harness) {
+    let p = slow(10);
+    let key = h.key("race");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (limiter, c) = (h.limiter(), [check(&key, &p, 1)]);
+        tasks.spawn(async move { limiter.check(&c).await.unwrap().is_allowed() });
+    }
+    let mut admitted = 0;
+    while let Some(ok) = tasks.join_next().await {
+        admitted += usize::from(ok.unwrap());
+    }
+    assert!((5..=10).contains(&admitted), "{admitted}");
+}
+
+batched_conformance!(
+    burst_admitted_then_rejected,
+    rejected_request_consumes_nothing,
+    rejection_in_one_slot_consumes_nothing_in_another,
+    cost_weights_consume_tokens,
+    retry_after_is_accurate,
+    keys_are_isolated,
+    tokens_refill_over_time,
+    peek_does_not_consume,
+    state_expires_once_the_bucket_is_full,
+    shadow_policy_never_blocks,
+    concurrent_requests_stay_within_the_leases,
+    quota_exhausted_rejects_until_window_end,
+    rejection_by_bucket_consumes_no_quota,
+    rejection_by_quota_consumes_no_tokens,
+    new_window_starts_fresh,
+    reset_and_give_back,
+    peek_reports_quota_without_consuming,
+    counters_expire_after_window,
+    concurrent_requests_never_overspend_quota,
+    fleet_scale_rates_are_exact,
+);
+
 conformance!(
     burst_admitted_then_rejected,
     rejected_request_consumes_nothing,
@@ -744,4 +862,5 @@ conformance!(
     peek_reports_quota_without_consuming,
     counters_expire_after_window,
     concurrent_requests_never_overspend_quota,
+    fleet_scale_rates_are_exact,
 );

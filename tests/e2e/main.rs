@@ -32,6 +32,8 @@ mod idempotency_postgres_pool;
 mod ratelimit_headers;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;
+// Batched rate limiting: 3 replicas leasing a global ceiling from Redis within the overshoot; leases returned on shutdown.
+mod ratelimit_batched;
 // State on a real Redis Cluster: shared limits, global ceiling refunds, replays, a master killed under load.
 mod storage_redis_cluster;
 // Hostile clients: slow heads, slow bodies, malformed HTTP.

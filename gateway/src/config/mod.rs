@@ -171,6 +171,19 @@ pub enum StoreErrorMode {
     FailClosed,
 }
 
+/// How the rate limiter uses a shared state store (`rate_limit.sync`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SyncMode {
+    /// One round trip per decision.
+    Exact,
+    /// Decisions from leased batches of tokens; the fleet may over-admit up to this fraction
+    /// of a policy's limit.
+    Batched {
+        /// `rate_limit.max_overshoot`, in (0, 1].
+        max_overshoot: f64,
+    },
+}
+
 /// A validated token bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
@@ -191,6 +204,8 @@ pub struct RateLimitSettings {
     pub on_store_error: StoreErrorMode,
     /// Replicas sharing the store.
     pub replicas: u32,
+    /// How decisions reach a shared store.
+    pub sync: SyncMode,
     /// Per-IP bucket for anonymous clients.
     pub anonymous: Option<Bucket>,
     /// Global ceiling.

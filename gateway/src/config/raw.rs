@@ -159,6 +159,10 @@ pub struct RawRateLimit {
     pub on_store_error: String,
     /// Gateway replicas sharing the state store; the fail-open local share is limit / replicas.
     pub replicas: u32,
+    /// `"exact"` (one store round trip per decision) or `"batched"` (leased batches).
+    pub sync: String,
+    /// Batched: the fraction of a policy's limit the fleet may over-admit.
+    pub max_overshoot: f64,
     /// Per client IP, for requests without an API key.
     pub anonymous: Option<RawBucket>,
     /// Ceiling over all traffic.
@@ -170,6 +174,8 @@ impl Default for RawRateLimit {
         Self {
             on_store_error: "fail_open".into(),
             replicas: 1,
+            sync: "exact".into(),
+            max_overshoot: 0.05,
             anonymous: None,
             global: None,
         }

@@ -230,8 +230,8 @@ proptest::proptest! {
 
 #[test]
 fn buckets_the_limiter_cannot_enforce_are_refused() {
-    // More than one token per microsecond.
-    let text = "[rate_limit]\nglobal = { rate = 2000000, per = \"1s\", burst = 10 }\n";
+    // More than one token per nanosecond.
+    let text = "[rate_limit]\nglobal = { rate = 2000000000, per = \"1s\", burst = 10 }\n";
     assert_eq!(invalid_paths(text), vec!["rate_limit.global".to_owned()]);
 }
 
@@ -243,4 +243,28 @@ fn route_prefixes_must_be_in_the_normal_form_requests_are_matched_in() {
     }
     let text = MINIMAL.replace("prefix = \"/orders\"", "prefix = \"/api/v1/\"");
     assert!(Config::parse(&text, &env()).is_ok());
+}
+
+#[test]
+fn batched_sync_and_its_overshoot_are_validated() {
+    let text = "[rate_limit]\nsync = \"batched\"\nmax_overshoot = 0.1\nreplicas = 3\n";
+    let config = Config::parse(text, &env()).unwrap();
+    assert_eq!(
+        config.rate_limit.sync,
+        SyncMode::Batched { max_overshoot: 0.1 }
+    );
+    assert_eq!(
+        Config::parse("", &env()).unwrap().rate_limit.sync,
+        SyncMode::Exact
+    );
+    let text = "[rate_limit]\nsync = \"lazy\"\n";
+    assert_eq!(invalid_paths(text), vec!["rate_limit.sync".to_owned()]);
+    for bad in ["0.0", "-0.5", "1.5", "nan", "inf"] {
+        let text = format!("[rate_limit]\nsync = \"batched\"\nmax_overshoot = {bad}\n");
+        assert_eq!(
+            invalid_paths(&text),
+            vec!["rate_limit.max_overshoot".to_owned()],
+            "{bad}"
+        );
+    }
 }

@@ -242,9 +242,33 @@ fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings
         }
     };
     issues.range("rate_limit.replicas", raw.replicas, 1, 1000);
+    // Written so that NaN fails too; 0 would mean leases of nothing (use "exact").
+    if !(raw.max_overshoot > 0.0 && raw.max_overshoot <= 1.0) {
+        issues.push(
+            "rate_limit.max_overshoot",
+            format!(
+                "= {}: allowed above 0 and at most 1 (a fraction of each policy's limit)",
+                raw.max_overshoot
+            ),
+        );
+    }
+    let sync = match raw.sync.as_str() {
+        "exact" => SyncMode::Exact,
+        "batched" => SyncMode::Batched {
+            max_overshoot: raw.max_overshoot,
+        },
+        other => {
+            issues.push(
+                "rate_limit.sync",
+                format!("= {other:?}: allowed \"exact\" or \"batched\""),
+            );
+            SyncMode::Exact
+        }
+    };
     RateLimitSettings {
         on_store_error,
         replicas: raw.replicas,
+        sync,
         anonymous: raw
             .anonymous
             .as_ref()
@@ -265,8 +289,8 @@ fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
         Duration::from_millis(1),
         Duration::from_secs(366 * 86_400),
     );
-    // The limiter's own limits (at most one token per microsecond, a full refill within
-    // 2^48 µs): refused here rather than dropped with a warning at start-up.
+    // The limiter's own limits (at most one token per nanosecond, a full refill within
+    // 2^48 µs, or 2^52 ns above one token per µs): refused here rather than dropped with a warning at start-up.
     if raw.rate >= 1 && raw.burst >= 1 && !raw.per.get().is_zero() {
         if let Err(err) =
             portcullis_ratelimit::Policy::try_new("check", raw.rate, raw.per.get(), raw.burst)

@@ -16,16 +16,20 @@ use std::sync::Arc;
 
 use http::request::Parts;
 use portcullis_ratelimit::{
-    FailMode, FallbackConfig, FallbackLimiter, LimitKey, LimitRequest, Limiter, LimiterError,
-    LocalLimiter, Policy, Principal, RedisLimiter, RedisLimiterConfig, Rejection,
+    BatchedConfig, BatchedLimiter, FailMode, FallbackConfig, FallbackLimiter, LimitKey,
+    LimitRequest, Limiter, LimiterError, LocalLimiter, Policy, Principal, RedisLimiter,
+    RedisLimiterConfig, Rejection,
 };
 
-use crate::config::{Bucket, Config, StateBackend, StoreErrorMode};
+use crate::config::{Bucket, Config, StateBackend, StoreErrorMode, SyncMode};
 use crate::pipeline::context::RequestContext;
 use crate::pipeline::tenant::Caller;
 
 /// Builds the configured limiter. Redis (a server or a cluster) is wrapped in the fallback
-/// that applies `rate_limit.on_store_error` when Redis fails or is slow.
+/// that applies `rate_limit.on_store_error` when Redis fails or is slow, and with
+/// `rate_limit.sync = "batched"` that in the batched limiter, which leases tokens through it
+/// (so a lease top-up during an outage is decided by the fallback like any request).
+/// `sync` does not apply to `memory`: there is no shared store to batch.
 pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, LimiterError> {
     let redis_config = RedisLimiterConfig {
         timeout: config.storage.state_timeout,
@@ -44,7 +48,18 @@ pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, LimiterError> 
         replicas: config.rate_limit.replicas,
         ..FallbackConfig::default()
     };
-    Ok(Arc::new(FallbackLimiter::new(Arc::new(redis), fallback)))
+    let shared = Arc::new(FallbackLimiter::new(Arc::new(redis), fallback));
+    match config.rate_limit.sync {
+        SyncMode::Exact => Ok(shared),
+        SyncMode::Batched { max_overshoot } => {
+            let batched = BatchedConfig {
+                max_overshoot,
+                replicas: config.rate_limit.replicas,
+                ..BatchedConfig::default()
+            };
+            Ok(Arc::new(BatchedLimiter::new(shared, batched)?))
+        }
+    }
 }
 
 /// The policies that are not per tenant, built once.

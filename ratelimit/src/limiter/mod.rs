@@ -1,7 +1,8 @@
 //! The storage trait: one atomic, all-or-nothing decision over all policies of a request.
 //!
-//! Backends: [`LocalLimiter`] (in process), [`RedisLimiter`] (shared by replicas) and the
-//! [`FallbackLimiter`] wrapper that keeps serving when the shared store is down. All pass
+//! Backends: [`LocalLimiter`] (in process), [`RedisLimiter`] (shared by replicas), the
+//! [`FallbackLimiter`] wrapper that keeps serving when the shared store is down, and the
+//! [`BatchedLimiter`] wrapper that decides from leased batches of a shared store's tokens. All pass
 //! the same conformance suite (`tests/conformance.rs`).
 //!
 //! # Consumption semantics (all backends)
@@ -46,10 +47,12 @@ use crate::key::LimitKey;
 use crate::period::{Period, QuotaEvaluation, Window};
 use crate::policy::Policy;
 
+mod batched;
 mod fallback;
 mod local;
 mod redis;
 
+pub use self::batched::{BatchedConfig, BatchedLimiter};
 pub use self::fallback::{FailMode, FallbackConfig, FallbackLimiter};
 pub use self::local::{LocalLimiter, LocalLimiterConfig};
 pub use self::redis::{RedisLimiter, RedisLimiterConfig, QUOTA_TTL_MARGIN};
@@ -99,6 +102,10 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
     /// Calendar quota: the current window's used count decreases by `amount`, not below 0.
     /// Bucket: `amount` tokens are returned, capped at the burst (a full bucket).
     async fn give_back(&self, check: &Check, amount: u64) -> Result<Decision, LimiterError>;
+
+    /// Hands back what this limiter holds on the shared store's behalf (the
+    /// [`BatchedLimiter`]'s unspent leases), on graceful shutdown. Default: nothing held.
+    async fn release(&self) {}
 }
 
 /// Why a limiter could not decide.
@@ -149,7 +156,8 @@ impl Eval {
         }
     }
 
-    /// `tick`: the bucket's tick (1 ns locally, 1 µs on Redis); unused by counters.
+    /// `tick`: the bucket's tick (1 ns locally; on Redis [`Policy::store_tick`]); unused by
+    /// counters.
     pub(crate) fn decision(&self, committed: bool, shadow: bool, tick: Duration) -> Decision {
         match self {
             Eval::Bucket(e) => e.decision(committed, shadow, tick),

@@ -11,7 +11,7 @@
 //!
 //! Replicas' clocks disagree by milliseconds to seconds; a bucket refilled by whichever
 //! replica's clock is ahead would leak. The script reads `TIME` once and uses it for every
-//! bucket (microseconds: exact in Lua's doubles, see `MAX_REFILL_MICROS` in `policy.rs`). Because the script is
+//! bucket (nanosecond TATs, handled so they stay exact in Lua's doubles: see `tat_lua!`). Because the script is
 //! therefore non-deterministic it first asks for effects replication
 //! (`redis.replicate_commands()`, needed on Redis 3.2–4, the default since 5, guarded for
 //! versions without it), so replicas receive the resulting `SET`s, not the script.
@@ -99,49 +99,79 @@ use crate::decision::{Decision, Verdict};
 use crate::gcra::Gcra;
 use crate::metrics::REDIS_DECISION_SECONDS;
 use crate::period::Quota;
+use crate::policy::Policy;
 
 /// Added to a calendar counter's expiry beyond the end of its window (by the writing
 /// gateway's clock), to cover clock skew between replicas. See the module docs.
 pub const QUOTA_TTL_MARGIN: Duration = Duration::from_secs(60);
 
-/// One tick of the script's clock.
-const MICRO: Duration = Duration::from_micros(1);
-
-/// The decision script. See the module docs; `KEYS`/`ARGV` layout in its header.
-const SCRIPT: &str = r#"
--- Portcullis: all-or-nothing decision over #KEYS GCRA buckets (on Redis server time) and
--- calendar quota counters (windows chosen by the caller).
--- ARGV[1]: '1' = consume if admitted, '0' = peek.
--- ARGV[2 + 5(i-1) ..] for KEYS[i]: interval_us ('0': a quota counter), burst or quota,
---   cost, shadow ('1'/'0'), counter TTL in ms (quota counters; '0' for buckets).
--- Returns {now_us, admitted (1/0), v_1 or -1, ..., v_n or -1}: each TAT or count as read.
+/// TAT helpers shared by the scripts. A bucket's TAT is stored as integer nanoseconds
+/// since the epoch, a decimal string of about 19 digits: never converted to a Lua number
+/// whole (doubles are exact below 2^53, Unix time is ~2^60.6 ns). `rel` splits it into whole
+/// microseconds and a 0–999 ns remainder and returns `TAT − now` in the bucket's ticks
+/// (`unit` = 1 for nanoseconds, 1000 for microseconds, remainder rounded up), which is
+/// bounded by the policy's tolerance (≤ 2^52 ns, or 2^48 µs; see `policy.rs`): exact.
+/// `tat` formats `now + r` ticks back. `now` is the server's `TIME` in microseconds.
+macro_rules! tat_lua {
+    () => {
+        r#"
+local function rel(s, now, unit)
+  local hi = tonumber(string.sub(s, 1, -4)) or 0
+  local lo = tonumber(string.sub(s, -3)) or 0
+  if unit == 1 then return (hi - now) * 1000 + lo end
+  if lo > 0 then hi = hi + 1 end
+  return hi - now
+end
+local function tat(now, r, unit)
+  if unit == 1 then
+    local us = math.floor(r / 1000)
+    return string.format('%.0f%03d', now + us, r - us * 1000)
+  end
+  return string.format('%.0f000', now + r)
+end
+local function px(r, unit)
+  return math.ceil(r * unit / 1000000)
+end
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+"#
+    };
+}
+
+/// The decision script. See the module docs; `KEYS`/`ARGV` layout in its header.
+const SCRIPT: &str = concat!(
+    r#"
+-- Portcullis: all-or-nothing decision over #KEYS GCRA buckets (on Redis server time) and
+-- calendar quota counters (windows chosen by the caller).
+-- ARGV[1]: '1' = consume if admitted, '0' = peek.
+-- ARGV[2 + 6(i-1) ..] for KEYS[i]: interval in ticks ('0': a quota counter), burst or quota,
+--   cost, shadow ('1'/'0'), counter TTL in ms (quota counters; '0' for buckets), tick in ns
+--   ('1' or '1000').
+-- Returns {now_us, admitted (1/0), v_1 or -1, ..., v_n or -1}: each stored TAT (ns, as the
+-- stored string) or count as read."#,
+    tat_lua!(),
+    r#"
 local out = {now, 1}
 local admitted = true
 local new_vals = {}
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 5
+  local a = 2 + (i - 1) * 6
   local interval = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local cost = tonumber(ARGV[a + 2])
+  local unit = tonumber(ARGV[a + 5])
   local stored = redis.call('GET', KEYS[i])
-  if stored then
-    stored = tonumber(stored)
-    out[i + 2] = stored
-  else
-    out[i + 2] = -1
-  end
+  out[i + 2] = stored or -1
   local fits, new_val
   if interval == 0 then
-    new_val = (stored or 0) + cost
+    new_val = (tonumber(stored) or 0) + cost
     fits = cost <= burst and new_val <= burst
   else
-    local tat = now
-    if stored and stored > now then tat = stored end
-    new_val = tat + cost * interval
-    fits = cost <= burst and new_val - burst * interval <= now
+    local r = 0
+    if stored then r = math.max(rel(stored, now, unit), 0) end
+    new_val = r + cost * interval
+    fits = cost <= burst and new_val <= burst * interval
   end
   if fits then
     new_vals[i] = new_val
@@ -152,35 +182,37 @@ end
 if not admitted then out[2] = 0 end
 if ARGV[1] == '1' and admitted then
   for i = 1, #KEYS do
-    local a = 2 + (i - 1) * 5
+    local a = 2 + (i - 1) * 6
     local nv = new_vals[i]
     if nv and ARGV[a] == '0' then
       if ARGV[a + 2] ~= '0' then
         redis.call('SET', KEYS[i], string.format('%.0f', nv), 'PX', ARGV[a + 4])
       end
-    elseif nv and nv > now then
-      redis.call('SET', KEYS[i], string.format('%.0f', nv), 'PX', math.ceil((nv - now) / 1000))
+    elseif nv and nv > 0 then
+      local unit = tonumber(ARGV[a + 5])
+      redis.call('SET', KEYS[i], tat(now, nv, unit), 'PX', px(nv, unit))
     end
   end
 end
 return out
-"#;
+"#
+);
 
 /// Admin: gives units back to one bucket or counter, atomically.
-const GIVE_BACK_SCRIPT: &str = r#"
+const GIVE_BACK_SCRIPT: &str = concat!(
+    r#"
 -- Portcullis: give back ARGV[2] units to KEYS[1].
--- ARGV[1]: interval_us ('0': a quota counter); ARGV[3]: counter TTL in ms.
--- Returns {now_us, value after (TAT or count) or -1 when nothing is left to store}.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- ARGV[1]: interval in ticks ('0': a quota counter); ARGV[3]: counter TTL in ms; ARGV[4]:
+-- tick in ns.
+-- Returns {now_us, value after (TAT in ns or count) or -1 when nothing is left to store}."#,
+    tat_lua!(),
+    r#"
 local stored = redis.call('GET', KEYS[1])
 if not stored then return {now, -1} end
-stored = tonumber(stored)
 local interval = tonumber(ARGV[1])
 local amount = tonumber(ARGV[2])
 if interval == 0 then
-  local used = stored - amount
+  local used = tonumber(stored) - amount
   if used <= 0 then
     redis.call('DEL', KEYS[1])
     return {now, -1}
@@ -188,49 +220,54 @@ if interval == 0 then
   redis.call('SET', KEYS[1], string.format('%.0f', used), 'PX', ARGV[3])
   return {now, used}
 end
-local tat = stored - amount * interval
-if tat <= now then
+local unit = tonumber(ARGV[4])
+local r = rel(stored, now, unit) - amount * interval
+if r <= 0 then
   redis.call('DEL', KEYS[1])
   return {now, -1}
 end
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
-return {now, tat}
-"#;
+local v = tat(now, r, unit)
+redis.call('SET', KEYS[1], v, 'PX', px(r, unit))
+return {now, v}
+"#
+);
 
 /// Cluster only: undoes what the decision script consumed in one slot, for a request that
 /// another slot's script refused (see "Redis Cluster" in the module docs).
-const REFUND_SCRIPT: &str = r#"
+const REFUND_SCRIPT: &str = concat!(
+    r#"
 -- Portcullis: give back what one admitted decision took from #KEYS (all in one slot).
--- ARGV[3(i-1)+1 ..] for KEYS[i]: interval_us ('0': a quota counter), amount, counter TTL in ms.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- ARGV[4(i-1)+1 ..] for KEYS[i]: interval in ticks ('0': a quota counter), amount, counter
+-- TTL in ms, tick in ns."#,
+    tat_lua!(),
+    r#"
 for i = 1, #KEYS do
-  local a = (i - 1) * 3
+  local a = (i - 1) * 4
   local interval = tonumber(ARGV[a + 1])
   local amount = tonumber(ARGV[a + 2])
   local stored = redis.call('GET', KEYS[i])
   if stored then
-    stored = tonumber(stored)
     if interval == 0 then
-      local used = stored - amount
+      local used = tonumber(stored) - amount
       if used <= 0 then
         redis.call('DEL', KEYS[i])
       else
         redis.call('SET', KEYS[i], string.format('%.0f', used), 'PX', ARGV[a + 3])
       end
     else
-      local tat = stored - amount * interval
-      if tat <= now then
+      local unit = tonumber(ARGV[a + 4])
+      local r = rel(stored, now, unit) - amount * interval
+      if r <= 0 then
         redis.call('DEL', KEYS[i])
       else
-        redis.call('SET', KEYS[i], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
+        redis.call('SET', KEYS[i], tat(now, r, unit), 'PX', px(r, unit))
       end
     end
   end
 end
 return #KEYS
-"#;
+"#
+);
 
 /// Settings for [`RedisLimiter`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -429,11 +466,12 @@ impl RedisLimiter {
             };
             windows.push(until_end);
             invocation
-                .arg(p.interval_micros())
+                .arg(p.store_interval())
                 .arg(p.burst())
                 .arg(check.cost)
                 .arg(u8::from(p.is_shadow()))
-                .arg(until_end.map_or(0, counter_ttl_ms));
+                .arg(until_end.map_or(0, counter_ttl_ms))
+                .arg(tick_nanos(p));
         }
         let mut conn = self.connection().await?;
         let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
@@ -537,9 +575,10 @@ impl RedisLimiter {
             let target = self.target(check, unix_now);
             invocation
                 .key(target.key)
-                .arg(check.policy.interval_micros())
+                .arg(check.policy.store_interval())
                 .arg(check.cost)
-                .arg(target.until_end.map_or(0, counter_ttl_ms));
+                .arg(target.until_end.map_or(0, counter_ttl_ms))
+                .arg(tick_nanos(&check.policy));
             any = true;
         }
         if !any {
@@ -608,9 +647,10 @@ impl Limiter for RedisLimiter {
         };
         let mut invocation = self.give_back_script.key(&target.key);
         invocation
-            .arg(p.interval_micros())
+            .arg(p.store_interval())
             .arg(amount)
-            .arg(target.until_end.map_or(0, counter_ttl_ms));
+            .arg(target.until_end.map_or(0, counter_ttl_ms))
+            .arg(tick_nanos(p));
         let reply: Vec<i64> = self
             .bounded(async {
                 let mut conn = self.connection().await?;
@@ -623,7 +663,7 @@ impl Limiter for RedisLimiter {
             )));
         };
         let eval = evaluate(check, target.until_end, now.unsigned_abs(), value);
-        Ok(eval.decision(false, p.is_shadow(), MICRO))
+        Ok(eval.decision(false, p.is_shadow(), p.store_tick()))
     }
 }
 
@@ -646,13 +686,27 @@ fn counter_ttl_ms(until_end: Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// Evaluates one check from the value the script read (`-1`: absent) at server time `now`.
-fn evaluate(check: &Check, until_end: Option<Duration>, now: u64, value: i64) -> Eval {
+/// The script's tick for `policy`'s bucket, in nanoseconds (1 or 1000).
+fn tick_nanos(policy: &Policy) -> u64 {
+    u64::try_from(policy.store_tick().as_nanos()).unwrap_or(1)
+}
+
+/// Evaluates one check from the value the script read (`-1`: absent; a bucket's TAT in
+/// nanoseconds) at server time `now_us`, in the policy's store ticks exactly as the script
+/// did (a microsecond bucket rounds a stored sub-microsecond remainder up).
+fn evaluate(check: &Check, until_end: Option<Duration>, now_us: u64, value: i64) -> Eval {
     let p = &check.policy;
     let stored = u64::try_from(value).ok();
     let cost = u64::from(check.cost);
     match until_end {
-        None => Eval::Bucket(Gcra::new(p.interval_micros(), p.burst()).evaluate(stored, now, cost)),
+        None => {
+            let (now, stored) = if tick_nanos(p) == 1 {
+                (now_us.saturating_mul(1000), stored)
+            } else {
+                (now_us, stored.map(|ns| ns.div_ceil(1000)))
+            };
+            Eval::Bucket(Gcra::new(p.store_interval(), p.burst()).evaluate(stored, now, cost))
+        }
         Some(until_end) => {
             Eval::Quota(Quota::new(p.burst()).evaluate(stored.unwrap_or(0), cost, until_end))
         }
@@ -697,6 +751,10 @@ fn evals_from_reply(
 /// The verdict over evaluated checks; `committed`: the request was admitted and consumed.
 fn verdict_of<'a>(evals: impl Iterator<Item = (&'a Check, &'a Eval)>, committed: bool) -> Verdict {
     Verdict::from_decisions(evals.map(|(check, eval)| {
-        eval.decision(committed && eval.allowed(), check.policy.is_shadow(), MICRO)
+        eval.decision(
+            committed && eval.allowed(),
+            check.policy.is_shadow(),
+            check.policy.store_tick(),
+        )
     }))
 }

@@ -245,7 +245,7 @@ async fn invalid_limits_write_nothing(f: Fixture) {
         .await
         .unwrap();
     let patch = TenantPatch {
-        rate: Some(5_000_000),
+        rate: Some(2_000_000_000), // more than one token per nanosecond
         ..TenantPatch::default()
     };
     let err = f

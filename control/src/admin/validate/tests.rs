@@ -129,8 +129,8 @@ fn buckets_are_checked_like_the_limiter_does() {
         ["burst"],
         "burst below a route cost locks the route"
     );
-    let errors = bucket(2_000_000, sec, 10, 1);
-    assert_eq!(names(&errors), ["rate"], "more than one per microsecond");
+    let errors = bucket(2_000_000_000, sec, 10, 1);
+    assert_eq!(names(&errors), ["rate"], "more than one per nanosecond");
     let errors = bucket(1, Duration::from_secs(366 * 86_400), u32::MAX.into(), 1);
     assert_eq!(names(&errors), ["burst"], "refill too long");
 }

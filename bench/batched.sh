@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Batched rate limiting: throughput of the rate-limited gateway with the state in memory, in
+# Redis with `sync = "exact"` and in Redis with `sync = "batched"` (BENCHMARKS.md, "Batched
+# rate limiting"). Each gateway has a tenant + a global bucket that never reject.
+#
+# Usage: bench/batched.sh   (after: cargo build --release --target-dir target-bench
+#                            -p portcullis-gateway -p portcullis-testkit)
+#
+# Environment (defaults in brackets): ROUNDS [3], DURATION [5] (s per target and round),
+# CONNS [64], CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench].
+# Gateways (worker_threads = 1), redis-server and bench-upstream (1 thread) run on CPU
+# $SUT_CPU, wrk -t1 on CPU $CLIENT_CPU, all on 127.0.0.1; every process started here is
+# stopped by PID on exit. Prints one line per run and a summary (median req/s per target and
+# its ratio to memory).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${CARGO_TARGET_DIR:-$ROOT/target-bench}/release
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-64}
+CLIENT_CPU=${CLIENT_CPU:-0}
+SUT_CPU=${SUT_CPU:-1}
+
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+wait_http() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        curl -fs -o /dev/null --max-time 1 "$1" && return 0
+        sleep 0.1
+    done
+    echo "not ready: $1" >&2
+    return 1
+}
+
+UP=$(free_port)
+taskset -c "$SUT_CPU" "$BIN/bench-upstream" --port "$UP" --threads 1 >"$TMP/upstream.log" 2>&1 &
+PIDS+=($!)
+REDIS_PORT=$(free_port)
+taskset -c "$SUT_CPU" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+PIDS+=($!)
+
+KEY="pc-bench-batched-0123456789abcdef"
+HUGE=1000000 # never rejects at what one worker serves (the limiter accepts up to 10⁹/s)
+declare -A PORT
+for name in memory redis-exact redis-batched; do
+    PORT[$name]=$(free_port)
+    admin=$(free_port)
+    case $name in
+        memory) state=memory sync=exact ;;
+        redis-exact) state="redis://127.0.0.1:$REDIS_PORT" sync=exact ;;
+        redis-batched) state="redis://127.0.0.1:$REDIS_PORT" sync=batched ;;
+    esac
+    cat >"$TMP/$name.toml" <<EOF
+[server]
+listen = "127.0.0.1:${PORT[$name]}"
+admin_listen = "127.0.0.1:$admin"
+worker_threads = 1
+shutdown_grace = "2s"
+
+[storage]
+state = "$state"
+database = "sqlite://$TMP/$name.db"
+
+[rate_limit]
+sync = "$sync"
+max_overshoot = 0.05
+global = { rate = $HUGE, per = "1s", burst = $HUGE }
+
+[[tenants]]
+id = "bench"
+api_keys = ["$KEY"]
+rate = $HUGE
+per = "1s"
+burst = $HUGE
+
+[[upstreams]]
+name = "backend"
+endpoints = ["http://127.0.0.1:$UP"]
+
+[[routes]]
+prefix = "/"
+upstream = "backend"
+EOF
+    taskset -c "$SUT_CPU" "$BIN/portcullis" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
+    PIDS+=($!)
+    wait_http "http://127.0.0.1:$admin/readyz"
+    status=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:${PORT[$name]}/")
+    [[ $status == 200 ]] || { echo "$name answered $status" >&2; exit 1; }
+done
+
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+evalsha() {
+    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
+        awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2} END {}' | grep . || echo 0
+}
+declare -A RESULTS
+for ((round = 1; round <= ROUNDS; round++)); do
+    for name in memory redis-exact redis-batched; do
+        scripts_before=$(evalsha)
+        out=$(BENCH_AUTH=$KEY taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"${DURATION}s" \
+            -s "$ROOT/bench/wrk/bench.lua" "http://127.0.0.1:${PORT[$name]}/")
+        rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+        non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
+        requests=$(awk '/requests in/ {print $1}' <<<"$out")
+        scripts=$(($(evalsha) - scripts_before))
+        echo "round $round  $name  $rps req/s  non-2xx ${non2xx:-0}  scripts $scripts for $requests requests  (load $(cut -d' ' -f1 /proc/loadavg))"
+        RESULTS[$name]+="$rps "
+        sleep 0.5
+    done
+done
+
+echo
+for name in memory redis-exact redis-batched; do
+    median=$(tr ' ' '\n' <<<"${RESULTS[$name]}" | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    RESULTS[$name.median]=$median
+done
+for name in memory redis-exact redis-batched; do
+    python3 -c "import sys; m=float(sys.argv[2]); b=float(sys.argv[3]); print(f'{sys.argv[1]:14} median {m:9.0f} req/s  {m / b:.2f}x memory  runs: {sys.argv[4]}')" \
+        "$name" "${RESULTS[$name.median]}" "${RESULTS[memory.median]}" "${RESULTS[$name]}"
+done
