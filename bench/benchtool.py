@@ -457,7 +457,7 @@ def _rate_limit_section(w, rows, raw, meta):
     w("\n### Rate limiting (issues 3 and 7)\n")
     w(
         "`pc-rl-local`: GET through a gateway whose one tenant (`Authorization: Bearer <key>`) and "
-        "`[rate_limit] global` bucket have rate = burst = 10⁶ per second (the most the limiter accepts), state in memory — every request is "
+        "`[rate_limit] global` bucket have rate = burst = 10⁶ per second (far above the load; the limiter accepts up to 10⁹), state in memory — every request is "
         "decided (tenant + global bucket, all-or-nothing) and admitted. `pc-rl-keyed-mem`: keyed POSTs "
         "(unique `Idempotency-Key`) through the same kind of gateway with the memory idempotency store. "
         "`pc-rl-redis` / `pc-rl-keyed-redis`: the same two through one gateway with `storage.state` = "
