@@ -55,6 +55,28 @@ async fn oversized_bodies_are_413_declared_or_streamed() {
         .await
         .unwrap();
     assert_problem(streamed, 413).await;
+
+    // HTTP/2 (h2c, prior knowledge): the declared length is hyper's exact body size there
+    // too, so the same 413 comes before any byte is forwarded.
+    let hits_before = upstream.hit_count();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let declared_h2 = h2
+        .post(gateway.url() + "/p")
+        .body(vec![b'z'; 2048])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(declared_h2.version(), reqwest::Version::HTTP_2);
+    let body = assert_problem(declared_h2, 413).await;
+    assert_eq!(body["limit"], 1024);
+    assert_eq!(
+        upstream.hit_count(),
+        hits_before,
+        "a declared oversize HTTP/2 body never reaches the upstream"
+    );
     still_serving(&gateway, "/after").await;
 }
 
