@@ -34,8 +34,6 @@ pub struct RequestContext {
     pub caller: Caller,
     /// The client address the gateway believes, and whether the peer is a trusted proxy.
     pub client: Client,
-    /// The circuit breaker's key for this caller (see [`tenant::caller_key`]).
-    pub caller_key: u64,
 }
 
 // === impl RequestContext ===
@@ -51,10 +49,13 @@ impl RequestContext {
         Self::of(extensions).map(|context| &context.route.retry)
     }
 
-    /// The breaker's caller key (`RetryLayer::new`); one shared key without a context
-    /// (never in the gateway's stack).
+    /// The breaker's caller key (`RetryLayer::new`, see [`tenant::caller_key`]): hashed only
+    /// for requests that reach the breaker. One shared key without a context (never in the
+    /// gateway's stack).
     pub(crate) fn breaker_key(extensions: &Extensions) -> u64 {
-        Self::of(extensions).map_or(0, |context| context.caller_key)
+        Self::of(extensions).map_or(0, |context| {
+            tenant::caller_key(&context.caller, context.client.ip)
+        })
     }
 }
 
@@ -100,12 +101,10 @@ impl Step for Resolve {
             Ok(caller) => caller,
             Err(refusal) => return Err(metrics.finish(refusal)),
         };
-        let caller_key = tenant::caller_key(&caller, client.ip);
         request.extensions_mut().insert(Arc::new(RequestContext {
             route,
             caller,
             client,
-            caller_key,
         }));
         Ok(metrics)
     }

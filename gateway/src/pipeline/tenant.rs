@@ -74,7 +74,7 @@ pub(crate) fn resolve_caller(
 /// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, else the client
 /// address. An IPv6 client counts by its /64, the block one subscriber usually holds, so one
 /// host cannot pose as many callers by rotating addresses; an IPv4-mapped address counts as
-/// the IPv4 address. Computed once per request, into the request context.
+/// the IPv4 address. Read from the request context by the retry layer.
 pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
