@@ -9,10 +9,17 @@
 //! | … the same, upstream dedupes on the key | release | a re-execution is deduplicated downstream |
 //! | 2xx, 3xx, other 4xx | store | definitive |
 //!
+//! A gRPC call answers HTTP 200 with its status in `grpc-status`; a Trailers-Only answer
+//! (the status in the headers) is read as its HTTP analogue: RESOURCE_EXHAUSTED as 429,
+//! UNAVAILABLE as 503 (`grpc-retry-pushback-ms` standing for `Retry-After`),
+//! DEADLINE_EXCEEDED as 504, INTERNAL, UNKNOWN and ABORTED as 500; every other code is
+//! definitive.
+//!
 //! A pure function of status, headers and the two flags, so it is tested exhaustively
 //! without I/O.
 
 use http::{header, HeaderMap, StatusCode};
+use portcullis_problem::grpc::{self, GrpcCode, Pushback};
 
 use crate::extensions::NotForwarded;
 
@@ -35,12 +42,32 @@ pub fn classify(
     if extensions.get::<NotForwarded>().is_some() {
         return Outcome::Release;
     }
-    match status.as_u16() {
+    let (status, retry_after) = match grpc_analogue(status, headers) {
+        Some(analogue) => analogue,
+        None => (status.as_u16(), headers.contains_key(header::RETRY_AFTER)),
+    };
+    match status {
         429 | 408 => Outcome::Release,
-        503 if headers.contains_key(header::RETRY_AFTER) => Outcome::Release,
+        503 if retry_after => Outcome::Release,
         500..=599 if upstream_dedupes_keys => Outcome::Release,
         _ => Outcome::Store,
     }
+}
+
+/// The HTTP status a Trailers-Only gRPC answer stands for, and whether it says when to
+/// come back; `None` for anything else.
+fn grpc_analogue(status: StatusCode, headers: &HeaderMap) -> Option<(u16, bool)> {
+    if status != StatusCode::OK || !grpc::is_grpc(headers) {
+        return None;
+    }
+    let pushback = matches!(grpc::pushback(headers), Some(Pushback::After(_)));
+    Some(match GrpcCode::in_headers(headers)? {
+        GrpcCode::ResourceExhausted => (429, pushback),
+        GrpcCode::Unavailable => (503, pushback),
+        GrpcCode::DeadlineExceeded => (504, false),
+        GrpcCode::Internal | GrpcCode::Aborted | GrpcCode::Other => (500, false),
+        _ => (200, false),
+    })
 }
 
 #[cfg(test)]
@@ -92,5 +119,29 @@ mod tests {
                 "{status} ra={ra} nf={nf} d={dedupes}"
             );
         }
+    }
+
+    fn grpc(code: &str, pushback: Option<&str>, dedupes: bool) -> Outcome {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
+        h.insert(grpc::GRPC_STATUS, code.parse().unwrap());
+        if let Some(ms) = pushback {
+            h.insert(grpc::GRPC_RETRY_PUSHBACK_MS, ms.parse().unwrap());
+        }
+        classify(StatusCode::OK, &h, &http::Extensions::new(), dedupes)
+    }
+
+    #[test]
+    fn grpc_statuses_read_as_their_http_analogues() {
+        use Outcome::*;
+        assert_eq!(grpc("0", None, false), Store);
+        assert_eq!(grpc("8", None, false), Release); // RESOURCE_EXHAUSTED ~ 429
+        assert_eq!(grpc("14", Some("200"), false), Release); // UNAVAILABLE + pushback
+        assert_eq!(grpc("14", None, false), Store); // UNAVAILABLE ~ bare 503
+        assert_eq!(grpc("14", Some("-1"), false), Store); // "do not retry" is no wait
+        assert_eq!(grpc("4", None, false), Store); // DEADLINE_EXCEEDED ~ 504
+        assert_eq!(grpc("4", None, true), Release);
+        assert_eq!(grpc("13", None, true), Release);
+        assert_eq!(grpc("5", None, true), Store); // NOT_FOUND: definitive
     }
 }

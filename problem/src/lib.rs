@@ -1,5 +1,6 @@
 //! What every Portcullis layer needs to answer a client itself: one RFC 9457 problem type,
-//! one `Retry-After` rounding, and one walk down an error's cause chain.
+//! one `Retry-After` rounding, one walk down an error's cause chain, and the gRPC status
+//! vocabulary ([`grpc`]) for calls that do not read problem+json.
 //!
 //! It is the smallest crate of the workspace so that each concern crate (rate limiting,
 //! idempotency, retries) and the gateway build their answers the same way, and each stays
@@ -28,6 +29,7 @@
 //! `Retry-After: 0` invites a client to retry at once, in a loop.
 
 mod chain;
+pub mod grpc;
 mod problem;
 
 pub use chain::{caused_by, is_caused_by};

@@ -82,6 +82,22 @@ impl Prepared {
     }
 }
 
+/// `frame`, already read from a response body, followed by the `rest` of that body.
+pub(super) fn prefixed(frame: Frame<Bytes>, rest: Body) -> Body {
+    Body::new(PrefixedBody {
+        prefix: VecDeque::from([frame]),
+        rest,
+    })
+}
+
+/// A body that fails with `error` at once: the error met while reading what was `rest`.
+pub(super) fn failed(error: axum::Error) -> Body {
+    let frame: Result<Frame<Bytes>, axum::Error> = Err(error);
+    Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+        [frame],
+    )))
+}
+
 fn concat(frames: VecDeque<Frame<Bytes>>, len: usize) -> Bytes {
     let mut data = frames.into_iter().filter_map(|f| f.into_data().ok());
     match (data.next(), len) {

@@ -7,6 +7,7 @@
 use http::{Method, StatusCode};
 
 use super::error::FailureKind;
+use portcullis_problem::grpc::GrpcCode;
 
 /// At most this many attempts may end in a DNS failure (seed 002 R-4).
 pub(crate) const DNS_MAX_ATTEMPTS: u32 = 2;
@@ -16,6 +17,9 @@ pub(crate) const DNS_MAX_ATTEMPTS: u32 = 2;
 pub(crate) enum AttemptOutcome {
     /// Response headers arrived with this status.
     Status(StatusCode),
+    /// A gRPC call ended with this status (HTTP 200 with `grpc-status`, in a Trailers-Only
+    /// response or in trailers that came before any message).
+    Grpc(GrpcCode),
     /// The upstream client failed below HTTP.
     Failure(FailureKind),
     /// The per-attempt timeout fired before response headers arrived.
@@ -94,6 +98,13 @@ pub(crate) fn failure_class(outcome: AttemptOutcome) -> FailureClass {
             500 | 502 | 504 => FailureClass::Ambiguous,
             _ => FailureClass::Final,
         },
+        // The gRPC analogues of 503/429 and of 504, as seed 002 R-4 lists them; ABORTED
+        // (a concurrency conflict) may have acted, as a 500 may.
+        AttemptOutcome::Grpc(code) => match code {
+            GrpcCode::Unavailable | GrpcCode::ResourceExhausted => FailureClass::Declined,
+            GrpcCode::DeadlineExceeded | GrpcCode::Aborted => FailureClass::Ambiguous,
+            _ => FailureClass::Final,
+        },
         AttemptOutcome::Failure(k) if is_provably_unprocessed(k) => FailureClass::Unprocessed,
         AttemptOutcome::Failure(FailureKind::ResetAfterSent) => FailureClass::Ambiguous,
         AttemptOutcome::Failure(_) => FailureClass::Final,
@@ -127,6 +138,14 @@ pub(crate) fn breaker_outcome(outcome: AttemptOutcome) -> BreakerOutcome {
             502..=504 => BreakerOutcome::Failure,
             _ => BreakerOutcome::Success,
         },
+        AttemptOutcome::Grpc(code) => match code {
+            GrpcCode::Unavailable | GrpcCode::DeadlineExceeded => BreakerOutcome::Failure,
+            GrpcCode::ResourceExhausted
+            | GrpcCode::Internal
+            | GrpcCode::Aborted
+            | GrpcCode::Other => BreakerOutcome::Neutral,
+            _ => BreakerOutcome::Success,
+        },
         AttemptOutcome::Failure(FailureKind::Other) => BreakerOutcome::Neutral,
         AttemptOutcome::Failure(_) | AttemptOutcome::Timeout => BreakerOutcome::Failure,
     }
@@ -137,6 +156,7 @@ pub(crate) fn error_type(outcome: AttemptOutcome) -> std::borrow::Cow<'static, s
     use std::borrow::Cow;
     match outcome {
         AttemptOutcome::Status(s) => Cow::Owned(format!("status_{}", s.as_u16())),
+        AttemptOutcome::Grpc(code) => Cow::Borrowed(code.label()),
         AttemptOutcome::Timeout => Cow::Borrowed("attempt_timeout"),
         AttemptOutcome::Failure(k) => Cow::Borrowed(match k {
             FailureKind::ConnectRefused => "connect_refused",

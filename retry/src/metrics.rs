@@ -27,6 +27,7 @@ pub(crate) enum Stop {
     Budget,
     Breaker,
     Probe,
+    Pushback,
 }
 
 /// The request-path metrics of one dependency (see the crate docs' "Observability").
@@ -59,7 +60,7 @@ pub(crate) struct BreakerMetrics {
 // === impl Stop ===
 
 impl Stop {
-    const COUNT: usize = 7;
+    const COUNT: usize = 8;
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +71,7 @@ impl Stop {
             Self::Budget => "budget_exhausted",
             Self::Breaker => "breaker_open",
             Self::Probe => "half_open_probe",
+            Self::Pushback => "grpc_pushback",
         }
     }
 }

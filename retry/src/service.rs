@@ -8,13 +8,14 @@ use std::{
 
 use axum::body::Body;
 use futures_util::future::BoxFuture;
-use http::{header::RETRY_AFTER, HeaderMap, HeaderValue, Request, Response};
+use http::{header::RETRY_AFTER, HeaderMap, Request, Response};
+use portcullis_problem::grpc::{self, GrpcCode, Pushback, GRPC_TIMEOUT};
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 use tower::{Service, ServiceExt};
 
 use super::{
     backoff::Backoff,
-    body::Prepared,
+    body::{self, Prepared},
     classify::{self, AttemptOutcome, RequestSafety, DNS_MAX_ATTEMPTS},
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
@@ -102,10 +103,9 @@ where
         return svc.call(req).await.map_err(RetryError::Upstream);
     };
     let name = dep.name().clone();
-    let incoming = req.headers().get(X_REQUEST_DEADLINE);
-    let Some(deadline) =
-        Deadline::new(Instant::now(), shared.clock.now(), policy.total(), incoming)
-    else {
+    let wall_now = shared.clock.now();
+    let incoming = incoming_deadline(req.headers(), wall_now);
+    let Some(deadline) = Deadline::new(Instant::now(), wall_now, policy.total(), incoming) else {
         tracing::debug!(dependency = %name, "request deadline passed before the first attempt");
         return Err(RetryError::DeadlineExceeded);
     };
@@ -134,6 +134,8 @@ where
         dep.dedupes_idempotency_keys(),
     );
     let deadline_header = format_deadline(deadline.wall);
+    // gRPC calls carry their deadline in `grpc-timeout` too, rewritten on every attempt.
+    let grpc = grpc::is_grpc(&parts.headers);
     let max_attempts = policy.max_attempts();
     // Seeded only when a retry is considered: most requests never need a random draw.
     let mut backoff = None;
@@ -145,22 +147,38 @@ where
     let mut avoid_endpoint = None;
     let mut dns_failures = 0;
     loop {
+        let started = Instant::now();
+        let limit = policy
+            .attempt_timeout()
+            .min(deadline.at.saturating_duration_since(started));
         let mut req = Request::from_parts(parts.clone(), body.take());
         req.headers_mut()
             .insert(X_RETRY_ATTEMPT, attempt_value(attempt));
         req.headers_mut()
             .insert(X_REQUEST_DEADLINE, deadline_header.clone());
+        if grpc {
+            req.headers_mut()
+                .insert(GRPC_TIMEOUT, grpc::format_timeout(limit));
+        }
         req.extensions_mut().insert(AttemptInfo {
             number: attempt,
             avoid_endpoint,
         });
-        let limit = policy
-            .attempt_timeout()
-            .min(deadline.at.saturating_duration_since(Instant::now()));
         dep.metrics().attempt();
+        // A gRPC error can hide in trailers behind a 200; worth a look only when it could
+        // be retried.
+        let peek_until = (grpc
+            && attempt < max_attempts
+            && classify::retry_rung(AttemptOutcome::Grpc(GrpcCode::Unavailable), safety).is_some())
+        .then_some(started + limit);
 
+        let mut pushback = None;
         let (outcome, last) = match timeout(limit, send(&mut svc, attempt == 1, req)).await {
-            Ok(Ok(rsp)) => (AttemptOutcome::Status(rsp.status()), Last::Response(rsp)),
+            Ok(Ok(rsp)) => {
+                let (outcome, rsp, sent_pushback) = response_outcome(rsp, peek_until).await;
+                pushback = sent_pushback;
+                (outcome, Last::Response(rsp))
+            }
             Ok(Err(e)) => (
                 AttemptOutcome::Failure(e.kind()),
                 Last::Error(RetryError::Upstream(e)),
@@ -181,7 +199,10 @@ where
         }
 
         // Retryable and safe. Is another attempt possible?
-        let retry_after = last.retry_after(shared.clock.now());
+        let retry_after = match pushback {
+            Some(Pushback::After(wait)) => Some(wait),
+            _ => last.retry_after(shared.clock.now()),
+        };
         let backoff_delay = backoff
             .get_or_insert_with(|| {
                 Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng())
@@ -190,6 +211,8 @@ where
         let wait = backoff_delay.max(retry_after.unwrap_or_default());
         let stop = if attempt >= max_attempts {
             Some(Stop::Attempts)
+        } else if pushback == Some(Pushback::DoNotRetry) {
+            Some(Stop::Pushback)
         } else if dns_failures >= DNS_MAX_ATTEMPTS {
             Some(Stop::Dns)
         } else if !body.is_replayable() {
@@ -258,6 +281,62 @@ where
     svc.call(req).await
 }
 
+/// How an attempt's response ended: its status, or for a gRPC call the `grpc-status` of a
+/// Trailers-Only response, or (when `peek_until` is set) of trailers that arrive before any
+/// message; with the server's retry pushback. A peeked frame is put back in front of the
+/// body, so the client receives exactly what the backend sent.
+async fn response_outcome(
+    rsp: Response<Body>,
+    peek_until: Option<Instant>,
+) -> (AttemptOutcome, Response<Body>, Option<Pushback>) {
+    let status = AttemptOutcome::Status(rsp.status());
+    if rsp.status() != http::StatusCode::OK || !grpc::is_grpc(rsp.headers()) {
+        return (status, rsp, None);
+    }
+    if let Some(code) = GrpcCode::in_headers(rsp.headers()) {
+        let pushback = grpc::pushback(rsp.headers());
+        return (AttemptOutcome::Grpc(code), rsp, pushback);
+    }
+    let Some(until) = peek_until else {
+        return (status, rsp, None);
+    };
+    let (head, mut rest) = rsp.into_parts();
+    match timeout_at(until, http_body_util::BodyExt::frame(&mut rest)).await {
+        Ok(Some(Ok(frame))) => {
+            let (outcome, pushback) = match frame.trailers_ref() {
+                Some(trailers) => (
+                    GrpcCode::in_headers(trailers).map_or(status, AttemptOutcome::Grpc),
+                    grpc::pushback(trailers),
+                ),
+                None => (status, None),
+            };
+            let body = body::prefixed(frame, rest);
+            (outcome, Response::from_parts(head, body), pushback)
+        }
+        Ok(Some(Err(error))) => (
+            status,
+            Response::from_parts(head, body::failed(error)),
+            None,
+        ),
+        // The body ended, or no frame came in time: the client gets it as it is.
+        Ok(None) | Err(_) => (status, Response::from_parts(head, rest), None),
+    }
+}
+
+/// The deadline a client sent: the earlier of `X-Request-Deadline` and a gRPC call's
+/// `grpc-timeout` (counted from now). Unparsable values are ignored.
+fn incoming_deadline(headers: &HeaderMap, now: SystemTime) -> Option<SystemTime> {
+    let stated = headers.get(X_REQUEST_DEADLINE).and_then(parse_deadline);
+    let grpc = headers
+        .get(GRPC_TIMEOUT)
+        .and_then(grpc::parse_timeout)
+        .and_then(|left| now.checked_add(left));
+    match (stated, grpc) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
     headers
         .get(name)
@@ -268,19 +347,18 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
 // === impl Deadline ===
 
 impl Deadline {
-    /// `min(now + total, incoming)`; `None` when the incoming deadline has passed. An
-    /// unparsable incoming header is ignored.
+    /// `min(now + total, incoming)`; `None` when the incoming deadline has passed.
     fn new(
         now: Instant,
         wall_now: SystemTime,
         total: Duration,
-        incoming: Option<&HeaderValue>,
+        incoming: Option<SystemTime>,
     ) -> Option<Self> {
         let own = Self {
             at: now + total,
             wall: wall_now + total,
         };
-        let Some(incoming) = incoming.and_then(parse_deadline) else {
+        let Some(incoming) = incoming else {
             return Some(own);
         };
         match incoming.duration_since(wall_now) {

@@ -18,6 +18,8 @@ mod shutdown;
 mod harness_services;
 // The single retry layer: classification, safety ladder, Retry-After, endpoints, budget, breaker.
 mod retry_classification;
+// gRPC through the gateway (tonic on both sides): status ladder, grpc-timeout, refusals as grpc-status.
+mod grpc;
 // Circuit breaker at the edge: one caller's failures never open it for everyone; an outage seen by many does.
 mod edge_breaker;
 // Tenant resolution: API keys (hashed), 401 for unknown keys, live revocation.

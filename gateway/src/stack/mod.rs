@@ -10,6 +10,7 @@ use tower::ServiceBuilder;
 
 use crate::config::Config;
 use crate::edge::framing::Smuggling;
+use crate::edge::grpc::GrpcAnswers;
 use crate::edge::limits::Limits;
 use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
@@ -71,6 +72,7 @@ where
 {
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
+        .layer(StepLayer::new(GrpcAnswers)) // the gateway's problems to a gRPC call answered as grpc-status (Trailers-Only)
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
         .map_request(crate::edge::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
         .layer(StepLayer::new(Observe)) // metrics + access log for every routed answer (refusals above count in requests_refused_total)

@@ -1,6 +1,7 @@
 //! Service-level tests of the retry layer: a scripted upstream records every attempt's
 //! time (paused tokio clock), headers, extensions and body.
 
+mod grpc;
 mod load;
 mod observability;
 mod safety;
@@ -47,6 +48,8 @@ impl UpstreamFailure for TestFailure {
 #[derive(Debug, Clone)]
 pub(super) enum Step {
     Status(u16, Vec<(&'static str, String)>, usize),
+    /// A 200 whose body is only trailers (a gRPC status sent after the headers).
+    Trailers(Vec<(&'static str, String)>, Vec<(&'static str, String)>),
     Fail(FailureKind, Option<usize>),
     Stall,
 }
@@ -145,6 +148,28 @@ impl Service<Request<Body>> for Upstream {
                             .insert(name, HeaderValue::from_str(&value).expect("value"));
                     }
                     rsp.extensions_mut().insert(ServedBy(endpoint));
+                    Ok(rsp)
+                }
+                Step::Trailers(headers, trailers) => {
+                    let trailers: HeaderMap = trailers
+                        .into_iter()
+                        .map(|(name, value)| {
+                            (
+                                http::HeaderName::from_static(name),
+                                HeaderValue::from_str(&value).expect("value"),
+                            )
+                        })
+                        .collect();
+                    let frames = [Ok::<_, std::convert::Infallible>(
+                        http_body::Frame::trailers(trailers),
+                    )];
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+                    let mut rsp = Response::new(Body::new(body));
+                    for (name, value) in headers {
+                        rsp.headers_mut()
+                            .insert(name, HeaderValue::from_str(&value).expect("value"));
+                    }
+                    rsp.extensions_mut().insert(ServedBy(0));
                     Ok(rsp)
                 }
             }

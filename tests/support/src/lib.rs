@@ -25,6 +25,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod gateway;
+pub mod grpc;
 pub mod h2frames;
 pub mod ports;
 pub mod postgres;
