@@ -15,18 +15,22 @@ use tower::{Service, ServiceExt};
 
 use super::{
     backoff::Backoff,
-    body::{self, Prepared},
+    body::Prepared,
     classify::{self, AttemptOutcome, RequestSafety, DNS_MAX_ATTEMPTS},
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{
-        attempt_value, format_deadline, parse_deadline, parse_retry_after, IDEMPOTENCY_KEY,
-        X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT,
+        attempt_value, format_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
+        X_REQUEST_ID, X_RETRY_ATTEMPT,
     },
     layer::Shared,
     metrics::Stop,
     AttemptInfo, RetryTarget, ServedBy,
 };
+
+mod grpc_call;
+
+use grpc_call::{incoming_deadline, response_outcome};
 
 /// The retry middleware built by [`RetryLayer`](super::RetryLayer).
 #[derive(Clone)]
@@ -279,62 +283,6 @@ where
         svc.ready().await?;
     }
     svc.call(req).await
-}
-
-/// How an attempt's response ended: its status, or for a gRPC call the `grpc-status` of a
-/// Trailers-Only response, or (when `peek_until` is set) of trailers that arrive before any
-/// message; with the server's retry pushback. A peeked frame is put back in front of the
-/// body, so the client receives exactly what the backend sent.
-async fn response_outcome(
-    rsp: Response<Body>,
-    peek_until: Option<Instant>,
-) -> (AttemptOutcome, Response<Body>, Option<Pushback>) {
-    let status = AttemptOutcome::Status(rsp.status());
-    if rsp.status() != http::StatusCode::OK || !grpc::is_grpc(rsp.headers()) {
-        return (status, rsp, None);
-    }
-    if let Some(code) = GrpcCode::in_headers(rsp.headers()) {
-        let pushback = grpc::pushback(rsp.headers());
-        return (AttemptOutcome::Grpc(code), rsp, pushback);
-    }
-    let Some(until) = peek_until else {
-        return (status, rsp, None);
-    };
-    let (head, mut rest) = rsp.into_parts();
-    match timeout_at(until, http_body_util::BodyExt::frame(&mut rest)).await {
-        Ok(Some(Ok(frame))) => {
-            let (outcome, pushback) = match frame.trailers_ref() {
-                Some(trailers) => (
-                    GrpcCode::in_headers(trailers).map_or(status, AttemptOutcome::Grpc),
-                    grpc::pushback(trailers),
-                ),
-                None => (status, None),
-            };
-            let body = body::prefixed(frame, rest);
-            (outcome, Response::from_parts(head, body), pushback)
-        }
-        Ok(Some(Err(error))) => (
-            status,
-            Response::from_parts(head, body::failed(error)),
-            None,
-        ),
-        // The body ended, or no frame came in time: the client gets it as it is.
-        Ok(None) | Err(_) => (status, Response::from_parts(head, rest), None),
-    }
-}
-
-/// The deadline a client sent: the earlier of `X-Request-Deadline` and a gRPC call's
-/// `grpc-timeout` (counted from now). Unparsable values are ignored.
-fn incoming_deadline(headers: &HeaderMap, now: SystemTime) -> Option<SystemTime> {
-    let stated = headers.get(X_REQUEST_DEADLINE).and_then(parse_deadline);
-    let grpc = headers
-        .get(GRPC_TIMEOUT)
-        .and_then(grpc::parse_timeout)
-        .and_then(|left| now.checked_add(left));
-    match (stated, grpc) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
