@@ -205,7 +205,8 @@ fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
                 u.dedupes_idempotency_keys,
                 u.budget,
                 u.circuit_breaker,
-            );
+            )
+            .with_client_retry_window(u.client_retry_window);
             (Arc::new(Upstream::new(u)), Arc::new(dependency))
         })
         .unzip()

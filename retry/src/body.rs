@@ -67,6 +67,14 @@ impl Prepared {
         Ok(Self::Replayable(concat(frames, len)))
     }
 
+    /// The whole body, when it is kept for replay.
+    pub(super) fn bytes(&self) -> Option<&Bytes> {
+        match self {
+            Self::Replayable(bytes) => Some(bytes),
+            Self::Once(_) => None,
+        }
+    }
+
     /// Whether another attempt could still get the body.
     pub(super) fn is_replayable(&self) -> bool {
         matches!(self, Self::Replayable(_))

@@ -1,10 +1,12 @@
 //! Per-upstream shared state: budget, breaker and the facts the safety ladder needs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
+    exhausted::{Exhausted, DEFAULT_WINDOW},
     metrics::DependencyMetrics,
 };
 
@@ -18,6 +20,7 @@ pub struct Dependency {
     dedupes_idempotency_keys: bool,
     budget: RetryBudget,
     breaker: CircuitBreaker,
+    exhausted: Exhausted,
     metrics: DependencyMetrics,
 }
 
@@ -39,10 +42,23 @@ impl Dependency {
             budget: RetryBudget::new(name.clone(), budget),
             breaker: CircuitBreaker::new(name.clone(), breaker),
             metrics: DependencyMetrics::new(&name),
+            exhausted: Exhausted::new(DEFAULT_WINDOW),
             name,
             endpoints,
             dedupes_idempotency_keys,
         }
+    }
+
+    /// Remember operations the layer gave up retrying for `window` (default 30 s; zero:
+    /// never), so that a client's retry of one gets a single attempt instead of a new round.
+    pub fn with_client_retry_window(mut self, window: Duration) -> Self {
+        self.exhausted = Exhausted::new(window);
+        self
+    }
+
+    /// Operations the layer recently gave up retrying.
+    pub(crate) fn exhausted(&self) -> &Exhausted {
+        &self.exhausted
     }
 
     /// The upstream's name (the `dependency` label).

@@ -153,6 +153,7 @@ mod classify;
 mod clock;
 mod dependency;
 mod error;
+mod exhausted;
 mod headers;
 mod layer;
 mod metrics;
@@ -171,7 +172,9 @@ pub use self::{
     clock::{SystemWallClock, WallClock},
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
-    headers::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT},
+    headers::{
+        IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
+    },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
     service::Retry,

@@ -28,6 +28,7 @@ pub(crate) enum Stop {
     Breaker,
     Probe,
     Pushback,
+    ClientRetry,
 }
 
 /// The request-path metrics of one dependency (see the crate docs' "Observability").
@@ -60,7 +61,7 @@ pub(crate) struct BreakerMetrics {
 // === impl Stop ===
 
 impl Stop {
-    const COUNT: usize = 8;
+    const COUNT: usize = 9;
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -72,6 +73,7 @@ impl Stop {
             Self::Breaker => "breaker_open",
             Self::Probe => "half_open_probe",
             Self::Pushback => "grpc_pushback",
+            Self::ClientRetry => "client_retry",
         }
     }
 }

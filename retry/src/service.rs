@@ -21,7 +21,7 @@ use super::{
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{
         attempt_value, format_deadline, parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE,
-        X_REQUEST_ID, X_RETRY_ATTEMPT,
+        X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
     },
     layer::Shared,
     metrics::Stop,
@@ -140,7 +140,16 @@ where
     let deadline_header = format_deadline(deadline.wall);
     // gRPC calls carry their deadline in `grpc-timeout` too, rewritten on every attempt.
     let grpc = grpc::is_grpc(&parts.headers);
-    let max_attempts = policy.max_attempts();
+    // A client retrying an operation this layer already gave up on gets one attempt, not a
+    // new round (see `exhausted`): retries must not multiply across layers.
+    let operation = |body: &Prepared| {
+        let key = parts.headers.get(IDEMPOTENCY_KEY).map(|v| v.as_bytes());
+        dep.exhausted()
+            .fingerprint(caller, &parts, key, body.bytes())
+    };
+    let repeat = dep.exhausted().is_live(Instant::now())
+        && operation(&body).is_some_and(|op| dep.exhausted().contains(op, Instant::now()));
+    let max_attempts = if repeat { 1 } else { policy.max_attempts() };
     // Seeded only when a retry is considered: most requests never need a random draw.
     let mut backoff = None;
 
@@ -213,7 +222,9 @@ where
             })
             .next_delay();
         let wait = backoff_delay.max(retry_after.unwrap_or_default());
-        let stop = if attempt >= max_attempts {
+        let stop = if repeat {
+            Some(Stop::ClientRetry)
+        } else if attempt >= max_attempts {
             Some(Stop::Attempts)
         } else if pushback == Some(Pushback::DoNotRetry) {
             Some(Stop::Pushback)
@@ -238,7 +249,10 @@ where
             let correlation_id = header_str(&parts.headers, &X_REQUEST_ID);
             report(stop, &dep, attempt, &error_type, correlation_id);
             permit.record(health);
-            return last.into_result();
+            if let Some(op) = operation(&body) {
+                dep.exhausted().remember(op, Instant::now());
+            }
+            return last.exhausted(attempt, stop).into_result();
         }
 
         attempt += 1;
@@ -329,6 +343,17 @@ impl<E: UpstreamFailure> Last<E> {
             Self::Response(rsp) => Ok(rsp),
             Self::Error(e) => Err(e),
         }
+    }
+
+    /// Marks an upstream answer the layer gave up retrying (`X-Retry-Exhausted`).
+    fn exhausted(mut self, attempts: u32, stop: Stop) -> Self {
+        if let Self::Response(rsp) = &mut self {
+            let value = format!("attempts={attempts}, reason={}", stop.as_str());
+            if let Ok(value) = http::HeaderValue::from_str(&value) {
+                rsp.headers_mut().insert(X_RETRY_EXHAUSTED, value);
+            }
+        }
+        self
     }
 
     /// The endpoint that produced this result, to avoid on the next attempt.

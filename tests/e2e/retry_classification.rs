@@ -229,3 +229,25 @@ async fn budget_bounds_amplification_and_the_breaker_opens_then_closes() {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
 }
+
+#[tokio::test]
+async fn a_clients_retries_of_an_exhausted_request_get_one_attempt_each() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::status(503)).await;
+    let gateway = start(&upstream, "max_retries = 3").await;
+    let mut last = None;
+    // The client's own retries of one operation (as urllib3's Retry(total=3) would send).
+    for _ in 0..4 {
+        let response = client().get(gateway.url() + "/op/1").send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        last = response.headers().get("x-retry-exhausted").cloned();
+    }
+    assert_eq!(
+        upstream.hit_count(),
+        4 + 3,
+        "1 + max_retries + the client's retries"
+    );
+    assert_eq!(last.unwrap(), "attempts=1, reason=client_retry");
+    // Another operation of the same client still gets the gateway's full round.
+    client().get(gateway.url() + "/op/2").send().await.unwrap();
+    assert_eq!(upstream.hit_count(), 7 + 4);
+}

@@ -244,6 +244,9 @@ pub struct UpstreamSettings {
     pub retry: RetryPolicy,
     /// Retry budget of this upstream.
     pub budget: BudgetConfig,
+    /// How long a request the gateway gave up retrying is remembered (a client's retry of it
+    /// gets one attempt); zero disables.
+    pub client_retry_window: Duration,
     /// Circuit breaker of this upstream.
     pub circuit_breaker: BreakerConfig,
     /// Idle pooled connections per endpoint.

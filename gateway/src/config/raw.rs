@@ -292,6 +292,9 @@ pub struct RawRetry {
     pub budget_min_retries_per_second: u32,
     /// Largest request body kept for replay.
     pub body_replay_limit: usize,
+    /// How long an operation the gateway gave up retrying is remembered, so a client's
+    /// retry of it gets one attempt, not a new round (0s: never).
+    pub client_retry_window: HumanDuration,
 }
 
 impl Default for RawRetry {
@@ -306,6 +309,7 @@ impl Default for RawRetry {
             budget_window: HumanDuration::secs(30),
             budget_min_retries_per_second: 1,
             body_replay_limit: 64 * 1024,
+            client_retry_window: HumanDuration::secs(30),
         }
     }
 }

@@ -88,6 +88,12 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         report(issues, &format!("{path}.circuit_breaker"), err);
         BreakerConfig::default()
     });
+    issues.duration_range(
+        &format!("{retry_path}.client_retry_window"),
+        raw.retry.client_retry_window.get(),
+        Duration::ZERO,
+        Duration::from_secs(300),
+    );
     let tls = super::tls::upstream_tls(path, raw, &endpoints, issues);
     UpstreamSettings {
         name: raw.name.clone(),
@@ -97,6 +103,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         dedupes_idempotency_keys: raw.dedupes_idempotency_keys,
         retry,
         budget,
+        client_retry_window: raw.retry.client_retry_window.get(),
         circuit_breaker,
         pool_max_idle: raw.pool_max_idle,
         tls,
