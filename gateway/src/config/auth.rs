@@ -308,7 +308,7 @@ fn jwks_url(text: &str) -> Result<JwksLocation, String> {
     let uri: http::Uri = text
         .parse()
         .map_err(|e| format!("= {text:?}: not a URL ({e})"))?;
-    if uri.host().map_or(true, str::is_empty) {
+    if uri.host().is_none_or(str::is_empty) {
         return Err(format!("= {text:?}: the URL needs a host"));
     }
     let tls = match uri.scheme_str() {
@@ -344,7 +344,7 @@ fn claims_to_headers(
                 field,
                 format!("= {header:?}: reserved (the gateway or HTTP framing owns it)"),
             ),
-            Ok(name) if out.iter().any(|(_, n)| n == &name) => {
+            Ok(name) if out.iter().any(|(_, n)| *n == name) => {
                 issues.push(field, format!("= {header:?}: another claim maps to it"))
             }
             Ok(name) => out.push((claim.clone(), name)),

@@ -70,7 +70,7 @@ impl KeyCache {
             let now = Instant::now();
             match self.last_forced.lock() {
                 Ok(mut last) => {
-                    let allowed = last.map_or(true, |at| now.duration_since(at) >= self.cooldown);
+                    let allowed = last.is_none_or(|at| now.duration_since(at) >= self.cooldown);
                     if allowed {
                         *last = Some(now);
                     }
@@ -121,7 +121,7 @@ impl KeyCache {
             let Some(this) = cache.upgrade() else {
                 return;
             };
-            let due = last_refresh.map_or(true, |at| at.elapsed() >= interval);
+            let due = last_refresh.is_none_or(|at| at.elapsed() >= interval);
             if due || this.source.changed() {
                 this.refresh(if due { "interval" } else { "file_changed" })
                     .await;
