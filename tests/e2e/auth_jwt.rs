@@ -250,6 +250,37 @@ async fn an_unreachable_jwks_keeps_the_last_good_keys() {
 }
 
 #[tokio::test]
+async fn a_jwks_file_is_reread_when_it_changes() {
+    let (old, new) = (SigningKey::es256("file-1"), SigningKey::ed25519("file-2"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jwks.json");
+    std::fs::write(&file, jwks(&[&old])).unwrap();
+    let backend = ScriptedUpstream::start(vec![]).await;
+    let text = format!(
+        "{}\n[auth.jwt]\nissuer = \"https://idp.test\"\naudiences = [\"orders-api\"]\n\
+         jwks_file = {:?}\ntenant_claim = \"org_id\"\n\n{}",
+        tenant(100),
+        file.display(),
+        single_route_config(&backend.url(), "")
+    );
+    let gateway = GatewayProcess::start(BIN, &text).await;
+    let (status, _) = bearer(&gateway, &old.sign(&claims(json!({}))), &[]).await;
+    assert_eq!(status, 200, "keys read at start-up");
+    std::fs::write(&file, jwks(&[&old, &new])).unwrap();
+    // The file is looked at every second: poll (bounded) until the new key is in use.
+    let token = new.sign(&claims(json!({})));
+    let mut passed = false;
+    for _ in 0..50 {
+        if bearer(&gateway, &token, &[]).await.0 == 200 {
+            passed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(passed, "the rewritten file was not picked up within 5 s");
+}
+
+#[tokio::test]
 async fn the_claimed_tenants_quota_applies() {
     let key = SigningKey::es256("ec-1");
     let jwks = jwks_server(&[&key]).await;

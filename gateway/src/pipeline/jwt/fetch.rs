@@ -210,3 +210,41 @@ impl JwksSource for FileSource {
         Some(FILE_WATCH)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_file_is_reread_when_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, r#"{"keys": []}"#).unwrap();
+        let source = FileSource::new(path.clone());
+        assert!(source.changed(), "never read yet");
+        assert_eq!(source.fetch().await.unwrap(), r#"{"keys": []}"#);
+        assert!(!source.changed());
+        // A different length is a change even within the file system's time granularity.
+        std::fs::write(&path, r#"{"keys": [ ]}"#).unwrap();
+        assert!(source.changed());
+        source.fetch().await.unwrap();
+        assert!(!source.changed());
+        std::fs::remove_file(&path).unwrap();
+        assert!(!source.changed(), "a vanished file keeps the last keys");
+        assert!(matches!(source.fetch().await, Err(FetchError::File(_))));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_url_is_an_error_not_a_hang() {
+        // Port 9 (discard) on loopback: nothing listens in the test environment.
+        let source = UrlSource::new(
+            "http://127.0.0.1:9/jwks".parse().unwrap(),
+            None,
+            Duration::from_secs(2),
+        );
+        assert!(matches!(
+            source.fetch().await,
+            Err(FetchError::Connect(_) | FetchError::Timeout(_))
+        ));
+    }
+}
