@@ -62,3 +62,5 @@ mod tls_upstream;
 mod edge_paths;
 // Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
 mod edge_hop_by_hop;
+// JWT tenants: RS256/ES256/EdDSA via a JWKS upstream, claim headers, key rotation, refresh rate limit, 401 invalid_token, quotas.
+mod auth_jwt;

@@ -6,6 +6,7 @@
 //! = 7: allowed 0..=5`) and the binary refuses to start. Secrets (API keys, URL passwords,
 //! the admin token) never appear in `Debug` output or in `check-config`.
 
+mod auth;
 mod backend;
 mod duration;
 mod error;
@@ -19,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use auth::{AuthSettings, JwksLocation, JwtSettings};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use duration::HumanDuration;
 pub use error::{ConfigError, ConfigIssue};
@@ -93,6 +95,8 @@ pub struct Config {
     pub demo: DemoSettings,
     /// Admin API token from the environment; `None` → admin API endpoints are disabled.
     pub admin_token: Option<Secret>,
+    /// Caller authentication besides API keys (`[auth.jwt]`).
+    pub auth: AuthSettings,
 }
 
 /// Validated `[server]`.

@@ -51,6 +51,9 @@ pub struct RawConfig {
     /// The built-in demo upstream.
     #[serde(default)]
     pub demo: RawDemo,
+    /// Caller authentication besides API keys.
+    #[serde(default)]
+    pub auth: super::auth::RawAuth,
 }
 
 /// `[server]`.

@@ -35,6 +35,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         }
     }
     let routes = routes(&raw, &upstreams, &mut issues);
+    let auth = super::auth::auth(&raw.auth, &mut issues);
     let demo = DemoSettings {
         enabled: raw.demo.enabled,
         listen: socket_addr("demo.listen", &raw.demo.listen, &mut issues),
@@ -91,6 +92,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         routes,
         demo,
         admin_token,
+        auth,
     })
 }
 

@@ -19,6 +19,7 @@ use portcullis_control::Directory;
 use portcullis_problem::Problem;
 use portcullis_retry::RetryTarget;
 
+use crate::pipeline::jwt::JwtAuth;
 use crate::pipeline::metrics::RouteMetrics;
 use crate::pipeline::router::{Route, RouteTable};
 use crate::pipeline::step::{Finish, Step};
@@ -67,6 +68,7 @@ pub(crate) struct Resolve {
     routes: RouteTable,
     directory: Arc<Directory>,
     trusted: Arc<TrustedProxies>,
+    jwt: Option<Arc<JwtAuth>>,
 }
 
 impl Resolve {
@@ -80,7 +82,14 @@ impl Resolve {
             routes,
             directory,
             trusted,
+            jwt: None,
         }
+    }
+
+    /// Also identifies tenants from bearer JWTs (`[auth.jwt]`).
+    pub(crate) fn with_jwt(mut self, jwt: Option<Arc<JwtAuth>>) -> Self {
+        self.jwt = jwt;
+        self
     }
 }
 
@@ -97,7 +106,11 @@ impl Step for Resolve {
             .get::<PeerAddr>()
             .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |p| p.0.ip());
         let client = self.trusted.resolve(peer, request.headers());
-        let caller = match tenant::resolve_caller(&self.directory, request.headers_mut()) {
+        let caller = match tenant::resolve_caller(
+            &self.directory,
+            self.jwt.as_deref(),
+            request.headers_mut(),
+        ) {
             Ok(caller) => caller,
             Err(refusal) => return Err(metrics.finish(refusal)),
         };

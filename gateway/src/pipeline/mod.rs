@@ -10,6 +10,7 @@
 
 pub mod context;
 pub mod idempotency;
+pub mod jwt;
 pub mod metrics;
 pub mod ratelimit;
 pub mod rescue;

@@ -11,6 +11,9 @@
 //! The caller is resolved once per request, into the request context
 //! ([`crate::pipeline::context`]).
 //!
+//! With `[auth.jwt]`, a bearer value shaped like a JWT is verified as one instead
+//! ([`crate::pipeline::jwt`]); other bearer values are still API keys.
+//!
 //! When both headers are present `X-API-Key` wins and `Authorization` is passed through
 //! untouched, so backends can keep their own bearer tokens.
 //!
@@ -26,6 +29,8 @@ use portcullis_control::{Directory, Tenant};
 use sha2::{Digest, Sha256};
 
 use portcullis_problem::Problem;
+
+use crate::pipeline::jwt::{JwtAuth, JwtError, Verified};
 
 /// Header carrying an API key.
 pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -47,10 +52,17 @@ pub enum Caller {
 #[allow(clippy::result_large_err)] // the answer goes straight back to the client
 pub(crate) fn resolve_caller(
     directory: &Directory,
+    jwt: Option<&JwtAuth>,
     headers: &mut http::HeaderMap,
 ) -> Result<Caller, Response<Body>> {
     // Only the gateway says who the tenant is.
     headers.remove(&X_PORTCULLIS_TENANT);
+    if let Some(jwt) = jwt {
+        jwt.strip_claim_headers(headers);
+        if let Some(verified) = jwt.presented(headers).map(|t| jwt.verify(t, directory)) {
+            return jwt_caller(jwt, verified, headers);
+        }
+    }
     let Some((source, key)) = presented_key(headers) else {
         return Ok(Caller::Anonymous);
     };
@@ -67,6 +79,38 @@ pub(crate) fn resolve_caller(
         _ => {
             metrics::counter!("tenant_auth_failures_total").increment(1);
             Err(unauthorized())
+        }
+    }
+}
+
+/// The caller a bearer JWT names (see `crate::pipeline::jwt`): its tenant and claim headers
+/// set, the token removed unless `forward_token`; a refused token is a 401, never anonymous.
+#[allow(clippy::result_large_err)] // the answer goes straight back to the client
+fn jwt_caller(
+    jwt: &JwtAuth,
+    verified: Result<Verified, JwtError>,
+    headers: &mut http::HeaderMap,
+) -> Result<Caller, Response<Body>> {
+    match verified {
+        Ok(Verified {
+            tenant,
+            headers: claims,
+        }) => {
+            if !jwt.forward_token() {
+                headers.remove(header::AUTHORIZATION);
+            }
+            if let Ok(value) = HeaderValue::from_str(&tenant.id) {
+                headers.insert(X_PORTCULLIS_TENANT.clone(), value);
+            }
+            for (name, value) in claims {
+                headers.insert(name, value);
+            }
+            Ok(Caller::Tenant(tenant))
+        }
+        Err(err) => {
+            metrics::counter!("tenant_auth_failures_total").increment(1);
+            metrics::counter!("jwt_refused_total", "reason" => err.reason()).increment(1);
+            Err(err.into_response())
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
 use crate::pipeline::context::{RequestContext, Resolve};
+use crate::pipeline::jwt::{JwtAuth, JwtKeysLayer};
 use crate::pipeline::metrics::Observe;
 use crate::pipeline::rescue::RescueLayer;
 use crate::pipeline::router::RouteTable;
@@ -70,6 +71,8 @@ where
         + 'static,
     P::Future: Send + 'static,
 {
+    // `[auth.jwt]`: the verifier; its key refresher stops when the stack is dropped.
+    let jwt = config.auth.jwt.clone().map(JwtAuth::start);
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(StepLayer::new(GrpcAnswers)) // the gateway's problems to a gRPC call answered as grpc-status (Trailers-Only)
@@ -83,11 +86,15 @@ where
             config.server.body_read_timeout,
         ))) // 413 / 431 / 408 for a body that does not arrive in time
         .layer(StepLayer::new(Target)) // path normalised in place (nginx rules), Host / :authority checked → 400
-        .layer(StepLayer::new(Resolve::new(
-            RouteTable::new(&config.routes, &parts.dependencies),
-            parts.directory.clone(),
-            trusted,
-        ))) // longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
+        .option_layer(jwt.clone().map(JwtKeysLayer::new)) // a bearer JWT naming an unknown kid waits for one rate-limited JWKS refresh
+        .layer(StepLayer::new(
+            Resolve::new(
+                RouteTable::new(&config.routes, &parts.dependencies),
+                parts.directory.clone(),
+                trusted,
+            )
+            .with_jwt(jwt),
+        )) // bearer JWT → tenant (bad token → 401); longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(LoadShed::new(config.server.max_in_flight))) // over the cap → 503 at once
         .layer(
             RateLimitLayer::new(

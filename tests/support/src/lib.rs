@@ -27,6 +27,7 @@
 pub mod gateway;
 pub mod grpc;
 pub mod h2frames;
+pub mod jwt;
 pub mod ports;
 pub mod postgres;
 pub mod process;
