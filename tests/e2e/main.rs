@@ -60,3 +60,5 @@ mod tls_upstream;
 mod edge_paths;
 // Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
 mod edge_hop_by_hop;
+// Start-up and shutdown messages: errors naming the field and the path once, banner after the listeners, one log stream, drain lines naming the listener.
+mod startup_messages;
