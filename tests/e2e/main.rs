@@ -62,3 +62,5 @@ mod edge_paths;
 mod edge_hop_by_hop;
 // Start-up and shutdown messages: errors naming the field and the path once, banner after the listeners, one log stream, drain lines naming the listener.
 mod startup_messages;
+// The README's `sh test` blocks, verbatim, against the embedded default on its default ports.
+mod readme;
