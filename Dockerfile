@@ -1,17 +1,69 @@
-# Multi-stage build of the `portcullis` binary, used by docker-compose.yml.
-FROM rust:1-bookworm AS build
-WORKDIR /src
-COPY . .
-RUN cargo build --release --locked -p portcullis-gateway --bin portcullis
+# The `portcullis` image (docker-compose.yml builds it too). Checked by scripts/check-container
+# (part of scripts/test.sh): non-root user, owned data directory, ports = config/container.toml.
+#
+#   docker build -t portcullis:0.1.0 .
+#   docker run --rm -p 8080:8080 -p 127.0.0.1:8081:8081 -e PORTCULLIS_ADMIN_TOKEN=… \
+#     -v portcullis-data:/var/lib/portcullis portcullis:0.1.0
 
+# --- build -------------------------------------------------------------------------------
+# The toolchain the repository is tested with; bookworm, as the runtime stage (same glibc).
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+
+# Dependency-cache layer: the manifests and the lock file with stub sources, so the external
+# crates compile once and stay cached until a manifest or Cargo.lock changes. Every target a
+# manifest declares gets a stub (cargo refuses a workspace with a missing bench or test file).
+COPY Cargo.toml Cargo.lock ./
+COPY gateway/Cargo.toml gateway/
+COPY control/Cargo.toml control/
+COPY problem/Cargo.toml problem/
+COPY ratelimit/Cargo.toml ratelimit/
+COPY idempotency/Cargo.toml idempotency/
+COPY redis/Cargo.toml redis/
+COPY retry/Cargo.toml retry/
+COPY tests/support/Cargo.toml tests/support/
+RUN set -eu; \
+    for crate in gateway control problem ratelimit idempotency redis retry tests/support; do \
+      mkdir -p "$crate/src" && : > "$crate/src/lib.rs"; \
+    done; \
+    for main in gateway/src/main.rs tests/e2e/main.rs tests/edge_scan/main.rs \
+                gateway/benches/framing_guard.rs gateway/benches/pipeline.rs \
+                idempotency/benches/store.rs ratelimit/benches/limiter.rs; do \
+      mkdir -p "$(dirname "$main")" && echo 'fn main() {}' > "$main"; \
+    done; \
+    cargo build --release --locked -p portcullis-gateway --bin portcullis
+
+# The sources. Their files may be older than the stub build's outputs, so touch them: cargo
+# decides freshness by modification time and would otherwise keep the stub binary.
+COPY . .
+RUN find gateway control problem ratelimit idempotency redis retry tests/support \
+      -name '*.rs' -exec touch {} + \
+    && cargo build --release --locked -p portcullis-gateway --bin portcullis \
+    && cp target/release/portcullis /usr/local/bin/portcullis
+
+# --- runtime -----------------------------------------------------------------------------
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates curl \
+# curl for the HEALTHCHECK; ca-certificates for https:// upstreams (system roots).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 portcullis
-COPY --from=build /src/target/release/portcullis /usr/local/bin/portcullis
+    && groupadd --system --gid 10001 portcullis \
+    && useradd --system --uid 10001 --gid portcullis --home-dir /var/lib/portcullis \
+       --shell /usr/sbin/nologin portcullis \
+    && mkdir -p /var/lib/portcullis \
+    && chown portcullis:portcullis /var/lib/portcullis \
+    && chmod 0750 /var/lib/portcullis
+COPY --from=build /usr/local/bin/portcullis /usr/local/bin/portcullis
 COPY config/ /etc/portcullis/
-USER portcullis
+# The SQLite file (tenants, keys, quotas, audit log) lives here; the directory exists and is
+# owned by the runtime user before the volume is declared, so a fresh named volume starts
+# with that ownership (WORKDIR alone would create it root-owned).
+VOLUME ["/var/lib/portcullis"]
 WORKDIR /var/lib/portcullis
+USER 10001:10001
+# Proxy and admin (/healthz, /readyz, /metrics, admin API): config/container.toml.
 EXPOSE 8080 8081
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["curl", "-fsS", "-o", "/dev/null", "http://127.0.0.1:8081/readyz"]
 ENTRYPOINT ["/usr/local/bin/portcullis"]
-CMD ["--config", "/etc/portcullis/portcullis.example.toml"]
+CMD ["--config", "/etc/portcullis/container.toml"]

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
-#   1. installs redis-server, PostgreSQL and docker-compose with apt-get when missing;
+#   1. installs redis-server, PostgreSQL, docker-compose and PyYAML with apt-get when missing;
 #   2. starts one real Redis, a real 3-master Redis Cluster and one real PostgreSQL on free
 #      loopback ports, in a temp dir;
 #   3. exports PORTCULLIS_TEST_REDIS_URL, PORTCULLIS_TEST_REDIS_CLUSTER_URL and
 #      PORTCULLIS_TEST_DATABASE_URL for the tests;
-#   4. validates docker-compose.yml, then runs every test of the workspace (unit,
+#   4. checks the container rules (scripts/check-container: Dockerfile, .dockerignore,
+#      docker-compose.yml, no engine needed), then runs every test of the workspace (unit,
 #      conformance, end-to-end, chaos);
 #   5. stops every server by PID, on success, failure or Ctrl-C.
 # Safe to run twice in a row: nothing is left behind. Extra arguments go to `cargo test`.
@@ -17,6 +18,7 @@ log() { printf '\n== %s\n' "$*" >&2; }
 need_install=()
 command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || need_install+=(docker-compose)
+python3 -c 'import yaml' >/dev/null 2>&1 || need_install+=(python3-yaml)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
 if [ ${#need_install[@]} -gt 0 ]; then
   log "installing ${need_install[*]}"
@@ -110,8 +112,8 @@ export PORTCULLIS_TEST_REDIS_CLUSTER_URL="redis-cluster://$(IFS=,; echo "${clust
 export PORTCULLIS_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres"
 log "redis: $PORTCULLIS_TEST_REDIS_URL  cluster: $PORTCULLIS_TEST_REDIS_CLUSTER_URL  postgres: $PORTCULLIS_TEST_DATABASE_URL"
 
-log "validating docker-compose.yml (no engine needed)"
-docker-compose -f docker-compose.yml config -q
+log "checking the container rules (no engine needed)"
+scripts/check-container
 
 # `scripts/test.sh -p <crate> ...` narrows the run; without `-p` it is the whole workspace.
 scope=(--workspace)

@@ -25,6 +25,24 @@ pub enum DbError {
     /// Connecting or querying failed.
     #[error("database error: {0}")]
     Sqlx(#[from] sqlx::Error),
+    /// The SQLite file could not be created or opened (a missing directory, no permission).
+    /// The OS's reason is the source; the message names the file as the process sees it.
+    #[error("cannot create or open the SQLite file {}", path.display())]
+    SqliteFile {
+        /// The file, made absolute against the working directory.
+        path: std::path::PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// SQLite refused a file that exists and could be opened (not a database, locked, its
+    /// directory not writable for the WAL files).
+    #[error("cannot use the SQLite file {}", path.display())]
+    SqliteOpen {
+        /// The file, made absolute against the working directory.
+        path: std::path::PathBuf,
+        /// SQLite's reason.
+        source: sqlx::Error,
+    },
     /// A migration failed.
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -109,6 +127,18 @@ pub(crate) fn key_prefix(key: &str) -> String {
 impl Database {
     /// Opens (creating if missing) a SQLite file and applies migrations.
     pub async fn sqlite(path: &Path) -> Result<Self, DbError> {
+        // SQLite says only "unable to open database file" for a missing directory or a
+        // permission problem; creating the (empty, hence valid) file first gets the OS's own
+        // reason. Absolute, so a relative `sqlite://portcullis.db` says where it was looked for.
+        let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| DbError::SqliteFile {
+                path: shown.clone(),
+                source,
+            })?;
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -118,7 +148,11 @@ impl Database {
             .max_connections(4)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(options)
-            .await?;
+            .await
+            .map_err(|source| DbError::SqliteOpen {
+                path: shown,
+                source,
+            })?;
         SQLITE_MIGRATIONS.run(&pool).await?;
         Ok(Self::Sqlite(pool))
     }
@@ -273,4 +307,25 @@ fn to_i64(value: u64) -> i64 {
 
 fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sqlite_file_that_cannot_be_created_names_the_path_and_the_os_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing-dir").join("p.db");
+        match Database::sqlite(&path).await {
+            Err(DbError::SqliteFile {
+                path: shown,
+                source,
+            }) => {
+                assert_eq!(shown, path);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("expected SqliteFile, got {other:?}"),
+        }
+    }
 }

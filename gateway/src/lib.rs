@@ -27,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod banner;
 pub mod config;
 pub mod edge;
 pub(crate) mod pipeline;
@@ -55,8 +56,18 @@ pub enum StartError {
     /// The configuration database failed.
     #[error(transparent)]
     Database(#[from] DbError),
-    /// A listener could not bind.
-    #[error("cannot listen on {addr} ({what}): {source}")]
+    /// The configuration database could not be opened: names the field and its value
+    /// (password redacted); the source says which file and why.
+    #[error("storage.database = \"{url}\"")]
+    OpenDatabase {
+        /// `storage.database` as configured, password redacted.
+        url: String,
+        /// Why it could not be opened.
+        source: DbError,
+    },
+    /// A listener could not bind. The message starts with the field, as configuration
+    /// errors do, and keeps "cannot listen" (the test kit retries on it).
+    #[error("{what} = {addr}: cannot listen")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -92,9 +103,13 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let metrics = pipeline::metrics::install();
     let db = match &config.storage.database {
-        config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await?,
-        config::DatabaseBackend::Postgres(url) => Database::postgres(url).await?,
-    };
+        config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await,
+        config::DatabaseBackend::Postgres(url) => Database::postgres(url).await,
+    }
+    .map_err(|source| StartError::OpenDatabase {
+        url: format!("{:?}", config.storage.database),
+        source,
+    })?;
     db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
     let directory = Arc::new(Directory::open(&db).await?);
     let idempotency_store = pipeline::idempotency::build_store(&config).await?;
@@ -148,6 +163,7 @@ pub async fn run(
         },
     ));
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
+    banner::print(&config);
 
     let release_limiter = limiter.clone();
     let admin_app = admin_router(

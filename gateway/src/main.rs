@@ -1,6 +1,7 @@
 //! The `portcullis` binary: parse the command line, load and validate the configuration,
 //! set up logging and the runtime, run. `anyhow` lives only here.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -48,10 +49,27 @@ fn main() -> std::process::ExitCode {
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("portcullis: {err:#}");
+            eprintln!("portcullis: {}", report(&err));
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: many errors repeat their source in
+/// their own message (sqlx, the OS), and `{:#}` would print it again for every level.
+fn report(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
@@ -67,19 +85,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         eprintln!("configuration OK: {}", file.display());
         return Ok(());
     }
-    let (config, embedded) = match &cli.config {
-        Some(path) => (Config::load(path, &ProcessEnv)?, false),
-        None => (Config::parse(EMBEDDED_CONFIG, &ProcessEnv)?, true),
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path, &ProcessEnv)?,
+        None => Config::parse(EMBEDDED_CONFIG, &ProcessEnv)?,
     };
-    let format = match cli.log_format.as_deref() {
-        Some("json") => LogFormat::Json,
-        Some(_) => LogFormat::Human,
-        None => config.server.log_format,
-    };
-    init_tracing(format);
-    if embedded || config.demo.enabled {
-        print_welcome(&config);
+    match cli.log_format.as_deref() {
+        Some("json") => config.server.log_format = LogFormat::Json,
+        Some(_) => config.server.log_format = LogFormat::Human,
+        None => {}
     }
+    // The banner is printed by `run` once both listeners are bound, in this format.
+    init_tracing(config.server.log_format);
     // One worker thread: a current-thread runtime, so requests, upstream connections and
     // timers share one event loop without cross-thread wake-ups (like one nginx worker).
     let mut runtime = if config.server.worker_threads == 1 {
@@ -100,38 +116,18 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Every log line, the banner and start-up errors on stderr, as nginx's error log and
+    // Envoy do in containers; stdout carries only command output (check-config, admin).
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: escape codes in a file, a pipe or a
+        // container's log would garble every field.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
     }
-}
-
-fn print_welcome(config: &Config) {
-    let base = format!("http://{}", config.server.listen);
-    let key = config
-        .tenants
-        .first()
-        .and_then(|t| t.api_keys.first())
-        .map(|k| k.expose().to_owned());
-    let auth = key
-        .map(|k| format!(" -H 'Authorization: Bearer {k}'"))
-        .unwrap_or_default();
-    eprintln!(
-        "\nPortcullis is starting on {base} (admin and /metrics on http://{}).",
-        config.server.admin_listen
-    );
-    if config.demo.enabled {
-        eprintln!("Try the demo upstream through the gateway:");
-        eprintln!("  curl -i {base}/demo/orders{auth}");
-        eprintln!("  curl -i -X POST {base}/demo/orders{auth} -H 'Idempotency-Key: order-1' -H 'content-type: application/json' -d '{{\"item\":\"book\"}}'");
-        eprintln!("  curl -s {base}/demo/stats{auth}");
-        eprintln!(
-            "  curl -s http://{}/metrics | head",
-            config.server.admin_listen
-        );
-    }
-    eprintln!();
 }
 
 async fn shutdown_signal() {
@@ -152,5 +148,32 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn report_prints_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use");
+        let err = anyhow::Error::new(Outer(io)).context("server.listen = 127.0.0.1:1");
+        assert_eq!(
+            report(&err),
+            "server.listen = 127.0.0.1:1: outer: Address already in use"
+        );
+        // A cause already quoted by the level above is not repeated.
+        let err = anyhow::anyhow!("database error: unable to open database file")
+            .context("storage.database");
+        let repeated = err.context("storage.database");
+        assert_eq!(
+            report(&repeated),
+            "storage.database: database error: unable to open database file"
+        );
     }
 }

@@ -64,3 +64,7 @@ mod edge_paths;
 mod edge_hop_by_hop;
 // JWT tenants: RS256/ES256/EdDSA via a JWKS upstream, claim headers, key rotation, refresh rate limit, 401 invalid_token, quotas.
 mod auth_jwt;
+// Start-up and shutdown messages: errors naming the field and the path once, banner after the listeners, one log stream, drain lines naming the listener.
+mod startup_messages;
+// The README's `sh test` blocks, verbatim, against the embedded default on its default ports.
+mod readme;

@@ -46,7 +46,7 @@ impl Step for Smuggling {
 fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body> {
     tracing::info!(
         reason = refusal.code(),
-        ?peer,
+        peer = peer.map(tracing::field::display),
         "request refused before routing"
     );
     metrics::counter!("requests_refused_total", "reason" => refusal.code()).increment(1);

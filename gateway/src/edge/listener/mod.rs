@@ -360,6 +360,12 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let grace = options.shutdown_grace;
     let name = options.name;
+    // The drain messages name the listener and its address (`proxy 127.0.0.1:8080`), so an
+    // operator can tell the two listeners' shutdowns apart.
+    let label = match listener.local_addr() {
+        Ok(addr) => format!("{name} {addr}"),
+        Err(_) => name.to_owned(),
+    };
     let cap = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let slots = Arc::new(Semaphore::new(cap));
     let shared = Arc::new(Listener::new(options, stop_rx));
@@ -402,7 +408,7 @@ pub async fn serve(
     tracing::info!(
         grace_ms = grace.as_millis() as u64,
         listener = name,
-        "draining connections"
+        "{label} draining connections"
     );
     let _ = stop_tx.send(true);
     // Every connection holds a slot until it ends: all slots back means all drained.
@@ -413,7 +419,7 @@ pub async fn serve(
     {
         tracing::warn!(
             listener = name,
-            "grace period over; closing remaining connections"
+            "{label}: grace period over; closing remaining connections"
         );
     }
 }
