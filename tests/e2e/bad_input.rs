@@ -57,14 +57,15 @@ async fn oversized_bodies_are_413_declared_or_streamed() {
     assert_problem(streamed, 413).await;
 
     // HTTP/2 (h2c, prior knowledge): the declared length is hyper's exact body size there
-    // too, so the same 413 comes before any byte is forwarded.
-    let hits_before = upstream.hit_count();
+    // too, so the same 413 comes before any byte is forwarded. (The streamed request above
+    // may still be recorded by the upstream later: it counts a hit once the body ends, so
+    // its own path tells this request's hits apart.)
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
         .unwrap();
     let declared_h2 = h2
-        .post(gateway.url() + "/p")
+        .post(gateway.url() + "/p-h2")
         .body(vec![b'z'; 2048])
         .send()
         .await
@@ -72,9 +73,8 @@ async fn oversized_bodies_are_413_declared_or_streamed() {
     assert_eq!(declared_h2.version(), reqwest::Version::HTTP_2);
     let body = assert_problem(declared_h2, 413).await;
     assert_eq!(body["limit"], 1024);
-    assert_eq!(
-        upstream.hit_count(),
-        hits_before,
+    assert!(
+        upstream.hits().iter().all(|hit| hit.uri.path() != "/p-h2"),
         "a declared oversize HTTP/2 body never reaches the upstream"
     );
     still_serving(&gateway, "/after").await;
