@@ -7,6 +7,7 @@ use super::{
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
     exhausted::{Exhausted, DEFAULT_WINDOW},
+    latency::{Latency, Percentiles},
     metrics::DependencyMetrics,
 };
 
@@ -21,6 +22,7 @@ pub struct Dependency {
     budget: RetryBudget,
     breaker: CircuitBreaker,
     exhausted: Exhausted,
+    latency: Latency,
     metrics: DependencyMetrics,
 }
 
@@ -43,6 +45,7 @@ impl Dependency {
             breaker: CircuitBreaker::new(name.clone(), breaker),
             metrics: DependencyMetrics::new(&name),
             exhausted: Exhausted::new(DEFAULT_WINDOW),
+            latency: Latency::new(),
             name,
             endpoints,
             dedupes_idempotency_keys,
@@ -59,6 +62,24 @@ impl Dependency {
     /// Operations the layer recently gave up retrying.
     pub(crate) fn exhausted(&self) -> &Exhausted {
         &self.exhausted
+    }
+
+    /// Attempt latency percentiles over the last one to two minutes (`None` below 100
+    /// attempts), for the admin API.
+    pub fn latency(&self) -> Option<Percentiles> {
+        self.latency.percentiles(tokio::time::Instant::now())
+    }
+
+    /// The attempt timeout the measured latency suggests: 3 × p99 within `[floor,
+    /// ceiling]`, the ceiling until enough attempts are measured.
+    pub fn recommended_attempt_timeout(&self, floor: Duration, ceiling: Duration) -> Duration {
+        self.latency
+            .recommended_timeout(tokio::time::Instant::now(), floor, ceiling)
+    }
+
+    /// Counts one attempt's time to response headers (or to its failure or timeout).
+    pub(crate) fn record_attempt(&self, took: Duration, now: tokio::time::Instant) {
+        self.latency.record(took, now);
     }
 
     /// The upstream's name (the `dependency` label).

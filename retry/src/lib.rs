@@ -155,6 +155,7 @@ mod dependency;
 mod error;
 mod exhausted;
 mod headers;
+mod latency;
 mod layer;
 mod metrics;
 mod policy;
@@ -174,6 +175,9 @@ pub use self::{
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{
         IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
+    },
+    latency::{
+        Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER, WINDOW as LATENCY_WINDOW,
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},

@@ -60,8 +60,12 @@ pub struct RetryParams {
     /// Request bodies up to this size are buffered so they can be replayed; 0..=16 MiB.
     pub body_replay_limit: usize,
     /// Time to wait for response headers of one attempt; > 0. Always further limited by
-    /// the remaining deadline.
+    /// the remaining deadline. With `auto_attempt_timeout_floor`, the ceiling of the
+    /// learned timeout.
     pub attempt_timeout: Duration,
+    /// `attempt_timeout = "auto"`: the timeout is 3 × the upstream's measured p99, within
+    /// `[floor, attempt_timeout]` (the ceiling until enough attempts are measured).
+    pub auto_attempt_timeout_floor: Option<Duration>,
 }
 
 /// A validated retry policy. Built once at start-up, shared as `Arc<RetryPolicy>`.
@@ -112,6 +116,7 @@ impl Default for RetryParams {
             jitter: Jitter::Full,
             body_replay_limit: DEFAULT_BODY_REPLAY_LIMIT,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            auto_attempt_timeout_floor: None,
         }
     }
 }
@@ -160,6 +165,15 @@ impl RetryPolicy {
                 "> 0s",
             ));
         }
+        if let Some(floor) = params.auto_attempt_timeout_floor {
+            if floor.is_zero() || floor > params.attempt_timeout {
+                return Err(bad(
+                    "attempt_timeout_floor",
+                    format!("{floor:?}"),
+                    &format!("(0s, attempt_timeout_max ({:?})]", params.attempt_timeout),
+                ));
+            }
+        }
         Ok(Self { params })
     }
 
@@ -198,9 +212,15 @@ impl RetryPolicy {
         self.params.body_replay_limit
     }
 
-    /// Time to wait for response headers of one attempt (before the deadline clamp).
-    pub(crate) fn attempt_timeout(&self) -> Duration {
-        self.params.attempt_timeout
+    /// Time to wait for response headers of one attempt toward `dependency` (before the
+    /// deadline clamp): fixed, or learned from its latency.
+    pub(crate) fn attempt_timeout(&self, dependency: &crate::Dependency) -> Duration {
+        match self.params.auto_attempt_timeout_floor {
+            None => self.params.attempt_timeout,
+            Some(floor) => {
+                dependency.recommended_attempt_timeout(floor, self.params.attempt_timeout)
+            }
+        }
     }
 
     /// The validated parameters.

@@ -162,7 +162,7 @@ where
     loop {
         let started = Instant::now();
         let limit = policy
-            .attempt_timeout()
+            .attempt_timeout(&dep)
             .min(deadline.at.saturating_duration_since(started));
         let mut req = Request::from_parts(parts.clone(), body.take());
         req.headers_mut()
@@ -201,6 +201,8 @@ where
                 Last::Error(RetryError::AttemptTimeout { after: limit }),
             ),
         };
+        let now = Instant::now();
+        dep.record_attempt(now.saturating_duration_since(started), now);
         let health = classify::breaker_outcome(outcome);
         let Some(rung) = classify::retry_rung(outcome, safety) else {
             permit.record(health);

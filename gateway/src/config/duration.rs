@@ -59,6 +59,40 @@ impl Serialize for HumanDuration {
     }
 }
 
+/// `attempt_timeout`: a duration, or `"auto"` (learned from the upstream's measured p99).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptTimeout {
+    /// A fixed timeout.
+    Fixed(HumanDuration),
+    /// 3 × the measured p99, within `attempt_timeout_floor` and `attempt_timeout_max`.
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for AttemptTimeout {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.trim().eq_ignore_ascii_case("auto") {
+            return Ok(Self::Auto);
+        }
+        humantime::parse_duration(text.trim())
+            .map(|d| Self::Fixed(HumanDuration(d)))
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid attempt timeout {text:?} ({e}); write \"auto\" or a duration such as \"2s\""
+                ))
+            })
+    }
+}
+
+impl Serialize for AttemptTimeout {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Fixed(d) => d.serialize(serializer),
+            Self::Auto => serializer.serialize_str("auto"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 pub use auth::{AuthSettings, JwksLocation, JwtSettings};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
-pub use duration::HumanDuration;
+pub use duration::{AttemptTimeout, HumanDuration};
 pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::duration::HumanDuration;
+use super::duration::{AttemptTimeout, HumanDuration};
 
 /// Default proxy listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -234,9 +234,16 @@ pub struct RawUpstream {
     /// TCP connect timeout.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
-    /// Time one attempt may wait for response headers.
+    /// Time one attempt may wait for response headers, or `"auto"`.
     #[serde(default = "default_attempt_timeout")]
-    pub attempt_timeout: HumanDuration,
+    pub attempt_timeout: AttemptTimeout,
+    /// With `attempt_timeout = "auto"`: the learned timeout never goes below this.
+    #[serde(default = "default_attempt_timeout_floor")]
+    pub attempt_timeout_floor: HumanDuration,
+    /// With `attempt_timeout = "auto"`: the learned timeout never goes above this, and is
+    /// this until enough attempts are measured.
+    #[serde(default = "default_attempt_timeout_max")]
+    pub attempt_timeout_max: HumanDuration,
     /// The backend deduplicates on the forwarded `Idempotency-Key`.
     #[serde(default)]
     pub dedupes_idempotency_keys: bool,
@@ -263,8 +270,14 @@ pub struct RawUpstream {
 fn default_connect_timeout() -> HumanDuration {
     HumanDuration::secs(1)
 }
-fn default_attempt_timeout() -> HumanDuration {
-    HumanDuration::secs(5)
+fn default_attempt_timeout() -> AttemptTimeout {
+    AttemptTimeout::Fixed(HumanDuration::secs(5))
+}
+fn default_attempt_timeout_floor() -> HumanDuration {
+    HumanDuration::millis(50)
+}
+fn default_attempt_timeout_max() -> HumanDuration {
+    HumanDuration::secs(10)
 }
 fn default_pool_idle() -> usize {
     256

@@ -268,3 +268,36 @@ fn batched_sync_and_its_overshoot_are_validated() {
         );
     }
 }
+
+#[test]
+fn an_auto_attempt_timeout_and_its_bounds_are_validated() {
+    let auto = MINIMAL.replace(
+        "endpoints = [\"http://127.0.0.1:9001\"]",
+        "endpoints = [\"http://127.0.0.1:9001\"]\nattempt_timeout = \"auto\"\nattempt_timeout_floor = \"100ms\"\nattempt_timeout_max = \"3s\"",
+    );
+    let config = Config::parse(&auto, &env()).expect("auto");
+    let params = config.upstreams[0].retry.params();
+    assert_eq!(params.attempt_timeout, Duration::from_secs(3));
+    assert_eq!(
+        params.auto_attempt_timeout_floor,
+        Some(Duration::from_millis(100))
+    );
+    assert_eq!(
+        config.routes[0].retry.params().auto_attempt_timeout_floor,
+        Some(Duration::from_millis(100))
+    );
+
+    let inverted = auto.replace(
+        "attempt_timeout_floor = \"100ms\"",
+        "attempt_timeout_floor = \"5s\"",
+    );
+    assert_eq!(
+        invalid_paths(&inverted),
+        ["upstreams[0].attempt_timeout_floor"]
+    );
+    let garbage = MINIMAL.replace(
+        "endpoints = [\"http://127.0.0.1:9001\"]",
+        "endpoints = [\"http://127.0.0.1:9001\"]\nattempt_timeout = \"soonish\"",
+    );
+    assert!(Config::parse(&garbage, &env()).is_err());
+}

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::duration::AttemptTimeout;
 use super::error::Issues;
 use super::raw::{RawRetry, RawRouteRetry, RawUpstream};
 use super::UpstreamSettings;
@@ -47,12 +48,30 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         lo,
         hi,
     );
-    issues.duration_range(
-        &format!("{path}.attempt_timeout"),
-        raw.attempt_timeout.get(),
-        Duration::from_millis(10),
-        Duration::from_secs(300),
-    );
+    match raw.attempt_timeout {
+        AttemptTimeout::Fixed(fixed) => {
+            issues.duration_range(
+                &format!("{path}.attempt_timeout"),
+                fixed.get(),
+                Duration::from_millis(10),
+                Duration::from_secs(300),
+            );
+        }
+        AttemptTimeout::Auto => {
+            issues.duration_range(
+                &format!("{path}.attempt_timeout_max"),
+                raw.attempt_timeout_max.get(),
+                Duration::from_millis(10),
+                Duration::from_secs(300),
+            );
+            issues.duration_range(
+                &format!("{path}.attempt_timeout_floor"),
+                raw.attempt_timeout_floor.get(),
+                Duration::from_millis(1),
+                raw.attempt_timeout_max.get(),
+            );
+        }
+    }
     issues.range(
         format!("{path}.pool_max_idle"),
         raw.pool_max_idle,
@@ -99,7 +118,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         name: raw.name.clone(),
         endpoints,
         connect_timeout: raw.connect_timeout.get(),
-        attempt_timeout: raw.attempt_timeout.get(),
+        attempt_timeout: attempt_timeout(raw),
         dedupes_idempotency_keys: raw.dedupes_idempotency_keys,
         retry,
         budget,
@@ -121,7 +140,25 @@ fn upstream_params(path: &str, raw: &RawUpstream, issues: &mut Issues) -> RetryP
         total: r.total.get(),
         jitter: jitter(path, &r.jitter, issues),
         body_replay_limit: r.body_replay_limit,
-        attempt_timeout: raw.attempt_timeout.get(),
+        attempt_timeout: attempt_timeout(raw),
+        auto_attempt_timeout_floor: match raw.attempt_timeout {
+            AttemptTimeout::Fixed(_) => None,
+            // Out-of-range floors are reported above, with the upstream's field path.
+            AttemptTimeout::Auto => Some(
+                raw.attempt_timeout_floor
+                    .get()
+                    .min(raw.attempt_timeout_max.get())
+                    .max(Duration::from_millis(1)),
+            ),
+        },
+    }
+}
+
+/// The fixed timeout, or the ceiling of the learned one.
+fn attempt_timeout(raw: &RawUpstream) -> Duration {
+    match raw.attempt_timeout {
+        AttemptTimeout::Fixed(fixed) => fixed.get(),
+        AttemptTimeout::Auto => raw.attempt_timeout_max.get(),
     }
 }
 

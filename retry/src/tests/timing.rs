@@ -213,3 +213,34 @@ async fn backoff_waits_are_full_jitter_within_the_window() {
         assert!(gap <= ceiling, "retry {n}: {gap:?} > {ceiling:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_auto_attempt_timeout_is_the_ceiling_until_measured_then_three_p99s_within_bounds() {
+    let _trace = trace_init();
+    let params = RetryParams {
+        max_retries: 0,
+        attempt_timeout: Duration::from_secs(4),
+        auto_attempt_timeout_floor: Some(Duration::from_millis(20)),
+        ..RetryParams::default()
+    };
+    let f = fixture_with([Step::Stall], params, dependency(1, false));
+    let res = f.send(f.request(Method::GET, Body::empty())).await;
+    assert!(
+        matches!(res, Err(RetryError::AttemptTimeout { after }) if after == Duration::from_secs(4)),
+        "nothing measured yet: the ceiling, {res:?}"
+    );
+    // 200 attempts answered at once: p99 is tiny, so the floor applies.
+    for _ in 0..200 {
+        assert_eq!(
+            status(&f.send(f.request(Method::GET, Body::empty())).await),
+            200
+        );
+    }
+    assert!(f.target.dependency.latency().is_some());
+    f.upstream.push(Step::Stall);
+    let res = f.send(f.request(Method::GET, Body::empty())).await;
+    assert!(
+        matches!(res, Err(RetryError::AttemptTimeout { after }) if after == Duration::from_millis(20)),
+        "learned: {res:?}"
+    );
+}
