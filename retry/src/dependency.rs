@@ -77,6 +77,11 @@ impl Dependency {
             .recommended_timeout(tokio::time::Instant::now(), floor, ceiling)
     }
 
+    /// The `q`-quantile of attempt latency, once at least 100 attempts are in view.
+    pub(crate) fn latency_quantile(&self, q: f64) -> Option<Duration> {
+        self.latency.quantile(tokio::time::Instant::now(), q)
+    }
+
     /// Counts one attempt's time to response headers (or to its failure or timeout).
     pub(crate) fn record_attempt(&self, took: Duration, now: tokio::time::Instant) {
         self.latency.record(took, now);

@@ -84,6 +84,19 @@ impl Latency {
 
     /// Percentiles of the current and the previous window; `None` below [`MIN_SAMPLES`].
     pub(crate) fn percentiles(&self, now: Instant) -> Option<Percentiles> {
+        let (counts, samples) = self.in_view(now)?;
+        let at = |q: f64| quantile(&counts, samples, q);
+        Some(Percentiles {
+            samples,
+            p50: at(0.5),
+            p99: at(0.99),
+            p999: at(0.999),
+        })
+    }
+
+    /// The bucket counts of the current and the previous window, and their sum; `None`
+    /// below [`MIN_SAMPLES`].
+    fn in_view(&self, now: Instant) -> Option<([u64; BUCKETS], u64)> {
         let epoch = self.epoch(now);
         let mut counts = [0u64; BUCKETS];
         for (slot, window) in self.windows.iter().enumerate() {
@@ -96,16 +109,13 @@ impl Latency {
             }
         }
         let samples: u64 = counts.iter().sum();
-        if samples < MIN_SAMPLES {
-            return None;
-        }
-        let at = |q: f64| quantile(&counts, samples, q);
-        Some(Percentiles {
-            samples,
-            p50: at(0.5),
-            p99: at(0.99),
-            p999: at(0.999),
-        })
+        (samples >= MIN_SAMPLES).then_some((counts, samples))
+    }
+
+    /// The `q`-quantile of what is in view; `None` below [`MIN_SAMPLES`].
+    pub(crate) fn quantile(&self, now: Instant, q: f64) -> Option<Duration> {
+        let (counts, samples) = self.in_view(now)?;
+        Some(quantile(&counts, samples, q))
     }
 
     /// `P99_MULTIPLIER` × p99 within `[floor, ceiling]`; `ceiling` until enough is known.

@@ -180,7 +180,7 @@ pub use self::{
         Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER, WINDOW as LATENCY_WINDOW,
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
-    policy::{InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
+    policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
     service::Retry,
 };
 

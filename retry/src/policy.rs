@@ -32,6 +32,34 @@ pub enum Jitter {
     Decorrelated,
 }
 
+/// When a hedged request sends its second copy (`hedge = { after = … }` on a route).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HedgeAfter {
+    /// Once the first attempt has taken longer than this quantile of the upstream's measured
+    /// attempt latency (`"p95"` is 0.95); no hedge until enough attempts are measured.
+    Quantile(f64),
+    /// After a fixed delay.
+    Fixed(Duration),
+}
+
+impl FromStr for HedgeAfter {
+    type Err = InvalidRetryConfig;
+
+    /// `"p50"` … `"p99.9"`; durations are parsed by the configuration loader.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.trim()
+            .strip_prefix('p')
+            .and_then(|n| n.parse::<f64>().ok())
+            .filter(|n| (50.0..100.0).contains(n))
+            .map(|n| Self::Quantile(n / 100.0))
+            .ok_or_else(|| InvalidRetryConfig {
+                field: "after",
+                value: format!("{s:?}"),
+                allowed: "a percentile \"p50\" to \"p99.9\", or a duration".to_owned(),
+            })
+    }
+}
+
 /// A configuration value outside its allowed range; names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} = {value}: allowed {allowed}")]
@@ -66,6 +94,9 @@ pub struct RetryParams {
     /// `attempt_timeout = "auto"`: the timeout is 3 × the upstream's measured p99, within
     /// `[floor, attempt_timeout]` (the ceiling until enough attempts are measured).
     pub auto_attempt_timeout_floor: Option<Duration>,
+    /// Hedging: for an idempotent request, a second copy of the first attempt is sent to
+    /// another endpoint once the first has taken this long; the first answer wins.
+    pub hedge_after: Option<HedgeAfter>,
 }
 
 /// A validated retry policy. Built once at start-up, shared as `Arc<RetryPolicy>`.
@@ -117,6 +148,7 @@ impl Default for RetryParams {
             body_replay_limit: DEFAULT_BODY_REPLAY_LIMIT,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             auto_attempt_timeout_floor: None,
+            hedge_after: None,
         }
     }
 }
@@ -220,6 +252,15 @@ impl RetryPolicy {
             Some(floor) => {
                 dependency.recommended_attempt_timeout(floor, self.params.attempt_timeout)
             }
+        }
+    }
+
+    /// When to hedge the first attempt toward `dependency`, if at all: the configured delay,
+    /// or the configured quantile of its measured latency once known.
+    pub(crate) fn hedge_delay(&self, dependency: &crate::Dependency) -> Option<Duration> {
+        match self.params.hedge_after? {
+            HedgeAfter::Fixed(after) => Some(after),
+            HedgeAfter::Quantile(q) => dependency.latency_quantile(q),
         }
     }
 

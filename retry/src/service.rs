@@ -29,6 +29,7 @@ use super::{
 };
 
 mod grpc_call;
+mod hedge;
 
 use grpc_call::{incoming_deadline, response_outcome};
 
@@ -94,7 +95,7 @@ async fn run<S>(
     req: Request<Body>,
 ) -> Result<Response<Body>, RetryError<S::Error>>
 where
-    S: Service<Request<Body>, Response = Response<Body>> + Send,
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send,
     S::Error: UpstreamFailure,
 {
     let Some(RetryTarget {
@@ -164,20 +165,32 @@ where
         let limit = policy
             .attempt_timeout(&dep)
             .min(deadline.at.saturating_duration_since(started));
-        let mut req = Request::from_parts(parts.clone(), body.take());
-        req.headers_mut()
-            .insert(X_RETRY_ATTEMPT, attempt_value(attempt));
-        req.headers_mut()
-            .insert(X_REQUEST_DEADLINE, deadline_header.clone());
-        if grpc {
-            req.headers_mut()
-                .insert(GRPC_TIMEOUT, grpc::format_timeout(limit));
-        }
-        req.extensions_mut().insert(AttemptInfo {
-            number: attempt,
-            avoid_endpoint,
-        });
+        let grpc_timeout = grpc.then(|| grpc::format_timeout(limit));
+        let request = |number, body| {
+            let mut req = Request::from_parts(parts.clone(), body);
+            let headers = req.headers_mut();
+            headers.insert(X_RETRY_ATTEMPT, attempt_value(number));
+            headers.insert(X_REQUEST_DEADLINE, deadline_header.clone());
+            if let Some(value) = &grpc_timeout {
+                headers.insert(GRPC_TIMEOUT, value.clone());
+            }
+            req.extensions_mut().insert(AttemptInfo {
+                number,
+                avoid_endpoint,
+            });
+            req
+        };
+        let req = request(attempt, body.take());
         dep.metrics().attempt();
+        // Only the first attempt of an idempotent request is hedged, to another endpoint.
+        let hedge_after = (attempt == 1
+            && safety.idempotent
+            && max_attempts > 1
+            && body.is_replayable()
+            && dep.endpoints() > 1)
+            .then(|| policy.hedge_delay(&dep))
+            .flatten()
+            .filter(|after| *after < limit);
         // A gRPC error can hide in trailers behind a 200; worth a look only when it could
         // be retried.
         let peek_until = (grpc
@@ -186,7 +199,32 @@ where
         .then_some(started + limit);
 
         let mut pushback = None;
-        let (outcome, last) = match timeout(limit, send(&mut svc, attempt == 1, req)).await {
+        let sent = timeout(limit, async {
+            let Some(after) = hedge_after else {
+                return send(&mut svc, attempt == 1, req).await;
+            };
+            let second = || {
+                dep.budget().try_withdraw().then(|| {
+                    dep.metrics().attempt();
+                    dep.metrics().retry(2);
+                    request(2, body.take())
+                })
+            };
+            let retryable = |answer: &Result<Response<Body>, S::Error>| {
+                let outcome = match answer {
+                    Ok(rsp) => AttemptOutcome::Status(rsp.status()),
+                    Err(e) => AttemptOutcome::Failure(e.kind()),
+                };
+                classify::retry_rung(outcome, safety).is_some()
+            };
+            let raced = hedge::race(&mut svc, req, after, second, retryable).await;
+            if raced.hedged {
+                tracing::debug!(dependency = %name, after_ms = after.as_millis() as u64, "hedged the first attempt");
+                attempt = 2;
+            }
+            raced.answer
+        });
+        let (outcome, last) = match sent.await {
             Ok(Ok(rsp)) => {
                 let (outcome, rsp, sent_pushback) = response_outcome(rsp, peek_until).await;
                 pushback = sent_pushback;

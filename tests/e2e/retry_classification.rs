@@ -251,3 +251,43 @@ async fn a_clients_retries_of_an_exhausted_request_get_one_attempt_each() {
     client().get(gateway.url() + "/op/2").send().await.unwrap();
     assert_eq!(upstream.hit_count(), 7 + 4);
 }
+
+#[tokio::test]
+async fn a_hedged_get_is_answered_by_the_fast_endpoint_and_a_post_is_never_hedged() {
+    // Round robin sends the first attempt to the slow endpoint; its copy goes to the fast one.
+    let slow = ScriptedUpstream::start_with_fallback(
+        vec![],
+        Step::stall(Duration::from_secs(10), Step::ok("slow")),
+    )
+    .await;
+    let fast = ScriptedUpstream::start_with_fallback(vec![], Step::ok("fast")).await;
+    let config = config(&[slow.url(), fast.url()], "max_retries = 2", "").replace(
+        "upstream = \"u\"\n",
+        "upstream = \"u\"\nhedge = { after = \"50ms\" }\n",
+    );
+    let gateway = GatewayProcess::start(BIN, &config).await;
+    for _ in 0..2 {
+        let response = client().get(gateway.url() + "/h").send().await.unwrap();
+        assert_eq!(response.text().await.unwrap(), "fast");
+    }
+    assert!(
+        slow.hit_count() >= 1,
+        "the first attempt went to the slow endpoint"
+    );
+    let hedges: Vec<_> = fast
+        .hits()
+        .into_iter()
+        .filter(|h| h.uri.path() == "/h")
+        .collect();
+    assert!(!hedges.is_empty());
+    assert!(
+        hedges.iter().any(|h| h.headers["x-retry-attempt"] == "2"),
+        "a hedge copy"
+    );
+
+    // A POST is sent once, even when slow: never two copies at once.
+    let before = slow.hit_count() + fast.hit_count();
+    let post = client().post(gateway.url() + "/p").body("x").send();
+    let _ = tokio::time::timeout(Duration::from_millis(500), post).await;
+    assert!(slow.hit_count() + fast.hit_count() <= before + 1);
+}

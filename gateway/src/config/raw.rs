@@ -406,6 +406,17 @@ pub struct RawRoute {
     /// Idempotency-Key handling.
     #[serde(default)]
     pub idempotency: Option<RawIdempotency>,
+    /// Hedged first attempts for idempotent requests.
+    #[serde(default)]
+    pub hedge: Option<RawHedge>,
+}
+
+/// `hedge = { after = "p95" }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHedge {
+    /// `"p50"`…`"p99.9"` of the upstream's measured attempt latency, or a duration.
+    pub after: String,
 }
 
 fn default_cost() -> u32 {

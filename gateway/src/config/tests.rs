@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use portcullis_retry::HedgeAfter;
 
 fn env() -> HashMap<String, String> {
     HashMap::new()
@@ -300,4 +301,31 @@ fn an_auto_attempt_timeout_and_its_bounds_are_validated() {
         "endpoints = [\"http://127.0.0.1:9001\"]\nattempt_timeout = \"soonish\"",
     );
     assert!(Config::parse(&garbage, &env()).is_err());
+}
+
+#[test]
+fn a_route_hedge_is_a_percentile_or_a_short_delay() {
+    let with = |after: &str| {
+        MINIMAL.replace(
+            "upstream = \"orders\"\n",
+            &format!("upstream = \"orders\"\nhedge = {{ after = \"{after}\" }}\n"),
+        )
+    };
+    let config = Config::parse(&with("p95"), &env()).expect("p95");
+    assert_eq!(
+        config.routes[0].retry.params().hedge_after,
+        Some(HedgeAfter::Quantile(0.95))
+    );
+    let config = Config::parse(&with("40ms"), &env()).expect("40ms");
+    assert_eq!(
+        config.routes[0].retry.params().hedge_after,
+        Some(HedgeAfter::Fixed(Duration::from_millis(40)))
+    );
+    for bad in ["p100", "p5", "soon", "0ms", "1m"] {
+        assert_eq!(
+            invalid_paths(&with(bad)),
+            ["routes[0].hedge.after"],
+            "{bad}"
+        );
+    }
 }

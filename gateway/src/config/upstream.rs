@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use super::duration::AttemptTimeout;
 use super::error::Issues;
-use super::raw::{RawRetry, RawRouteRetry, RawUpstream};
+use super::raw::{RawHedge, RawRetry, RawRouteRetry, RawUpstream};
 use super::UpstreamSettings;
 use portcullis_retry::{
-    BreakerConfig, BudgetConfig, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy,
+    BreakerConfig, BudgetConfig, HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy,
 };
 
 /// Contract: connect timeouts between 1 and 3 s.
@@ -151,6 +151,8 @@ fn upstream_params(path: &str, raw: &RawUpstream, issues: &mut Issues) -> RetryP
                     .max(Duration::from_millis(1)),
             ),
         },
+        // Hedging is per route (`with_hedge`).
+        hedge_after: None,
     }
 }
 
@@ -192,6 +194,47 @@ pub(super) fn route_retry(
         params.body_replay_limit = v;
     }
     policy(path, params, issues)
+}
+
+/// A route's policy with its `hedge = { after = … }`: a percentile of the upstream's
+/// measured latency (`"p95"`), or a fixed delay between 1 ms and 30 s.
+pub(super) fn with_hedge(
+    path: &str,
+    policy: RetryPolicy,
+    hedge: Option<&RawHedge>,
+    issues: &mut Issues,
+) -> RetryPolicy {
+    let Some(hedge) = hedge else {
+        return policy;
+    };
+    let text = hedge.after.trim();
+    let after = if text.starts_with('p') {
+        text.parse::<HedgeAfter>().map_err(|err| err.allowed)
+    } else {
+        humantime::parse_duration(text)
+            .map_err(|e| format!("a percentile \"p50\" to \"p99.9\", or a duration ({e})"))
+            .and_then(|d| {
+                if (Duration::from_millis(1)..=Duration::from_secs(30)).contains(&d) {
+                    Ok(HedgeAfter::Fixed(d))
+                } else {
+                    Err("a duration from 1ms to 30s".to_owned())
+                }
+            })
+    };
+    match after {
+        Ok(after) => {
+            let mut params = policy.params().clone();
+            params.hedge_after = Some(after);
+            RetryPolicy::try_new(params).unwrap_or(policy)
+        }
+        Err(allowed) => {
+            issues.push(
+                format!("{path}.after"),
+                format!("= {text:?}: allowed {allowed}"),
+            );
+            policy
+        }
+    }
 }
 
 fn policy(path: &str, params: RetryParams, issues: &mut Issues) -> RetryPolicy {

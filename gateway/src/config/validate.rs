@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::error::Issues;
 use super::raw::{RawBucket, RawConfig, RawIdempotency};
-use super::upstream::{route_retry, upstream, valid_id};
+use super::upstream::{route_retry, upstream, valid_id, with_hedge};
 use super::*;
 
 /// Seed 002 R-6: idempotency records are kept at least this long.
@@ -425,10 +425,15 @@ fn routes(
                     0
                 });
             issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
-            let retry = Arc::new(route_retry(
-                &format!("{path}.retry"),
-                upstreams.get(upstream).map(|u| &u.retry),
-                r.retry.as_ref(),
+            let retry = Arc::new(with_hedge(
+                &format!("{path}.hedge"),
+                route_retry(
+                    &format!("{path}.retry"),
+                    upstreams.get(upstream).map(|u| &u.retry),
+                    r.retry.as_ref(),
+                    issues,
+                ),
+                r.hedge.as_ref(),
                 issues,
             ));
             let idempotency = r

@@ -3,6 +3,7 @@
 
 mod client_retries;
 mod grpc;
+mod hedge;
 mod load;
 mod observability;
 mod safety;
@@ -49,6 +50,8 @@ impl UpstreamFailure for TestFailure {
 #[derive(Debug, Clone)]
 pub(super) enum Step {
     Status(u16, Vec<(&'static str, String)>, usize),
+    /// Answer with this status after this long.
+    After(Duration, u16),
     /// A 200 whose body is only trailers (a gRPC status sent after the headers).
     Trailers(Vec<(&'static str, String)>, Vec<(&'static str, String)>),
     Fail(FailureKind, Option<usize>),
@@ -149,6 +152,13 @@ impl Service<Request<Body>> for Upstream {
                             .insert(name, HeaderValue::from_str(&value).expect("value"));
                     }
                     rsp.extensions_mut().insert(ServedBy(endpoint));
+                    Ok(rsp)
+                }
+                Step::After(delay, code) => {
+                    tokio::time::sleep(delay).await;
+                    let mut rsp = Response::new(Body::from(format!("status {code}")));
+                    *rsp.status_mut() = StatusCode::from_u16(code).expect("status");
+                    rsp.extensions_mut().insert(ServedBy(0));
                     Ok(rsp)
                 }
                 Step::Trailers(headers, trailers) => {
