@@ -100,10 +100,14 @@ pub async fn run(
     let idempotency_store = pipeline::idempotency::build_store(&config).await?;
     let limiter = pipeline::ratelimit::build_limiter(&config)?;
 
-    let redis_clients = redis_health_clients(&config)?;
-    let health = Arc::new(Health::new(db.clone(), redis_clients));
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (upstreams, dependencies) = upstreams(&config);
+    // Names resolved (and endpoint files read) before the first request; then kept current.
+    upstream::balance::start(&upstreams, &stop_rx).await;
+
+    let redis_clients = redis_health_clients(&config)?;
+    let health = Arc::new(Health::new(db.clone(), redis_clients).with_upstreams(upstreams.clone()));
+
     if config.demo.enabled {
         let mut rx = stop_rx.clone();
         upstream::demo::serve(config.demo.listen, async move {
@@ -117,7 +121,7 @@ pub async fn run(
         })?;
     }
 
-    let (upstreams, dependencies) = upstreams(&config);
+    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(upstreams.clone()));
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
@@ -156,6 +160,7 @@ pub async fn run(
         admin_directory,
         admin_idempotency,
         limiter,
+        admin_upstreams,
         edge::ops::router(health.clone(), metrics),
     );
     let mut admin_rx = stop_rx.clone();
@@ -199,14 +204,16 @@ fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
         .upstreams
         .iter()
         .map(|u| {
-            let dependency = Dependency::new(
+            let dependency = Arc::new(Dependency::new(
                 u.name.as_str(),
                 u.endpoints.len(),
                 u.dedupes_idempotency_keys,
                 u.budget,
                 u.circuit_breaker,
-            );
-            (Arc::new(Upstream::new(u)), Arc::new(dependency))
+            ));
+            let hosts_file = config.discovery.hosts_file.as_deref();
+            let upstream = Upstream::new(u, hosts_file, dependency.clone());
+            (Arc::new(upstream), dependency)
         })
         .unzip()
 }
@@ -221,6 +228,7 @@ fn admin_router(
     directory: Arc<Directory>,
     idempotency: Arc<dyn portcullis_idempotency::Store>,
     limiter: Arc<dyn portcullis_ratelimit::Limiter>,
+    upstreams: Arc<dyn admin::UpstreamsView>,
     ops: axum::Router,
 ) -> axum::Router {
     let Some(token) = &config.admin_token else {
@@ -246,6 +254,7 @@ fn admin_router(
         idempotency,
         token: Arc::from(token.expose()),
         routes,
+        upstreams,
     }))
 }
 

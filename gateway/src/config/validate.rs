@@ -91,6 +91,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         routes,
         demo,
         admin_token,
+        discovery: super::balance::discovery(&raw.discovery),
     })
 }
 
