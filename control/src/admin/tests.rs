@@ -50,6 +50,7 @@ async fn app() -> (Router, tempfile::TempDir) {
             prefix: "/".into(),
             cost: 1,
         }]),
+        upstreams: Arc::new(super::NoUpstreams),
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }
