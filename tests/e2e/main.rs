@@ -60,3 +60,5 @@ mod tls_upstream;
 mod edge_paths;
 // Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
 mod edge_hop_by_hop;
+// Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.
+mod upstream_health;
