@@ -33,6 +33,8 @@ pub(crate) mod pipeline;
 pub(crate) mod stack;
 #[doc(hidden)]
 pub use stack::bench::pipeline as bench_pipeline;
+#[doc(hidden)]
+pub use upstream::balance::bench::BenchSet as BenchBalance;
 pub mod tls;
 pub(crate) mod upstream;
 

@@ -24,6 +24,7 @@
 //! refuse everything); else it takes the next usable endpoint in ring order (round robin) or
 //! the cheapest usable one (the others).
 
+pub mod bench;
 pub(crate) mod discovery;
 pub(crate) mod endpoint;
 pub(crate) mod health;
