@@ -11,6 +11,7 @@
 //! portcullis admin quota set acme --burst 50 --daily none
 //! portcullis admin quota set acme --route /orders --rate 5 --burst 5
 //! portcullis admin usage acme
+//! portcullis admin upstreams
 //! ```
 
 mod output;
@@ -20,7 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::ENV_ADMIN_TOKEN;
-use output::{print_keys, print_quota, print_tenants, print_usage, text};
+use output::{print_keys, print_quota, print_tenants, print_upstreams, print_usage, text};
 
 /// Default admin API address (the default `server.admin_listen`).
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8081";
@@ -58,6 +59,8 @@ pub enum AdminCommand {
         /// Tenant id.
         tenant: String,
     },
+    /// Upstreams and their endpoints' health (state, ejections, in-flight, breaker).
+    Upstreams,
 }
 
 /// `portcullis admin tenant …`.
@@ -384,6 +387,10 @@ async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
             let path = format!("/tenants/{}/usage", url_encode(&tenant));
             let usage = client.call(Method::GET, &path, None).await?;
             print_usage(&usage);
+        }
+        AdminCommand::Upstreams => {
+            let upstreams = client.call(Method::GET, "/upstreams", None).await?;
+            print_upstreams(&upstreams);
         }
     }
     Ok(())

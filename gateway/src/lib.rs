@@ -34,6 +34,8 @@ pub(crate) mod pipeline;
 pub(crate) mod stack;
 #[doc(hidden)]
 pub use stack::bench::pipeline as bench_pipeline;
+#[doc(hidden)]
+pub use upstream::balance::bench::BenchSet as BenchBalance;
 pub mod tls;
 pub(crate) mod upstream;
 
@@ -115,10 +117,14 @@ pub async fn run(
     let idempotency_store = pipeline::idempotency::build_store(&config).await?;
     let limiter = pipeline::ratelimit::build_limiter(&config)?;
 
-    let redis_clients = redis_health_clients(&config)?;
-    let health = Arc::new(Health::new(db.clone(), redis_clients));
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (upstreams, dependencies) = upstreams(&config);
+    // Names resolved (and endpoint files read) before the first request; then kept current.
+    upstream::balance::start(&upstreams, &stop_rx).await;
+
+    let redis_clients = redis_health_clients(&config)?;
+    let health = Arc::new(Health::new(db.clone(), redis_clients).with_upstreams(upstreams.clone()));
+
     if config.demo.enabled {
         let mut rx = stop_rx.clone();
         upstream::demo::serve(config.demo.listen, async move {
@@ -132,7 +138,7 @@ pub async fn run(
         })?;
     }
 
-    let (upstreams, dependencies) = upstreams(&config);
+    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(upstreams.clone()));
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
@@ -172,6 +178,7 @@ pub async fn run(
         admin_directory,
         admin_idempotency,
         limiter,
+        admin_upstreams,
         edge::ops::router(health.clone(), metrics),
     );
     let mut admin_rx = stop_rx.clone();
@@ -215,15 +222,19 @@ fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
         .upstreams
         .iter()
         .map(|u| {
-            let dependency = Dependency::new(
-                u.name.as_str(),
-                u.endpoints.len(),
-                u.dedupes_idempotency_keys,
-                u.budget,
-                u.circuit_breaker,
-            )
-            .with_client_retry_window(u.client_retry_window);
-            (Arc::new(Upstream::new(u)), Arc::new(dependency))
+            let dependency = Arc::new(
+                Dependency::new(
+                    u.name.as_str(),
+                    u.endpoints.len(),
+                    u.dedupes_idempotency_keys,
+                    u.budget,
+                    u.circuit_breaker,
+                )
+                .with_client_retry_window(u.client_retry_window),
+            );
+            let hosts_file = config.discovery.hosts_file.as_deref();
+            let upstream = Upstream::new(u, hosts_file, dependency.clone());
+            (Arc::new(upstream), dependency)
         })
         .unzip()
 }
@@ -238,6 +249,7 @@ fn admin_router(
     directory: Arc<Directory>,
     idempotency: Arc<dyn portcullis_idempotency::Store>,
     limiter: Arc<dyn portcullis_ratelimit::Limiter>,
+    upstreams: Arc<dyn admin::UpstreamsView>,
     ops: axum::Router,
 ) -> axum::Router {
     let Some(token) = &config.admin_token else {
@@ -263,6 +275,7 @@ fn admin_router(
         idempotency,
         token: Arc::from(token.expose()),
         routes,
+        upstreams,
     }))
 }
 

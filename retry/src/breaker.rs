@@ -156,6 +156,15 @@ impl CircuitBreaker {
         self.shared.lock().state.public()
     }
 
+    /// The current state's name, for the admin API (same caveat as `state`).
+    pub(crate) fn state_name(&self) -> &'static str {
+        match self.shared.lock().state.public() {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        }
+    }
+
     /// Admits one request of `caller` (an opaque key: tenant, client address…), or says
     /// how long until the next probe.
     pub(crate) fn try_acquire(&self, caller: u64) -> Result<BreakerPermit, Duration> {

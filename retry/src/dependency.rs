@@ -1,5 +1,6 @@
 //! Per-upstream shared state: budget, breaker and the facts the safety ladder needs.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use super::{
 #[derive(Debug)]
 pub struct Dependency {
     name: Arc<str>,
-    endpoints: usize,
+    endpoints: AtomicUsize,
     dedupes_idempotency_keys: bool,
     budget: RetryBudget,
     breaker: CircuitBreaker,
@@ -47,7 +48,7 @@ impl Dependency {
             exhausted: Exhausted::new(DEFAULT_WINDOW),
             latency: Latency::new(),
             name,
-            endpoints,
+            endpoints: AtomicUsize::new(endpoints),
             dedupes_idempotency_keys,
         }
     }
@@ -94,7 +95,17 @@ impl Dependency {
 
     /// Number of endpoints; retries avoid the failed one only when there is more than one.
     pub(crate) fn endpoints(&self) -> usize {
-        self.endpoints
+        self.endpoints.load(Ordering::Relaxed)
+    }
+
+    /// Updates the endpoint count when service discovery changes the upstream's endpoints.
+    pub fn set_endpoints(&self, endpoints: usize) {
+        self.endpoints.store(endpoints, Ordering::Relaxed);
+    }
+
+    /// The circuit breaker's state for operators: `"closed"`, `"half_open"` or `"open"`.
+    pub fn breaker_state(&self) -> &'static str {
+        self.breaker.state_name()
     }
 
     /// Whether the upstream dedupes on `Idempotency-Key`.

@@ -68,3 +68,9 @@ mod auth_jwt;
 mod startup_messages;
 // The README's `sh test` blocks, verbatim, against the embedded default on its default ports.
 mod readme;
+// Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.
+mod upstream_health;
+// Load balancing: weighted round robin, least_request and peak_ewma sending less to a slow endpoint.
+mod upstream_balance;
+// Service discovery: endpoints_file rewritten without restart, host names re-resolved through a hosts file.
+mod upstream_discovery;

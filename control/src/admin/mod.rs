@@ -23,6 +23,7 @@
 //! GET    /admin/v1/tenants/{id}/idempotency?route=&key= an Idempotency-Key record
 //! DELETE /admin/v1/tenants/{id}/idempotency?route=&key= delete it (unstick a client)
 //! GET    /admin/v1/audit?tenant=&limit=&cursor=         audit log, newest first
+//! GET    /admin/v1/upstreams                            endpoints, health, ejections, breaker
 //! GET    /admin/v1/openapi.json                         OpenAPI 3.1 description
 //! ```
 //!
@@ -41,6 +42,7 @@ mod quotas;
 mod sql;
 pub(crate) mod store;
 mod tenants;
+mod upstreams;
 mod usage;
 pub(crate) mod validate;
 
@@ -54,6 +56,7 @@ use axum::{middleware, Router};
 use http::{header, Method, Request, Response, StatusCode};
 
 pub(crate) use error::AdminError;
+pub use upstreams::{EndpointHealth, EndpointStatus, NoUpstreams, UpstreamStatus, UpstreamsView};
 pub use validate::ConfiguredRoute;
 
 use portcullis_ratelimit::Limiter;
@@ -83,6 +86,8 @@ pub struct AdminContext {
     pub token: Arc<str>,
     /// Configured routes: overrides must name one, and buckets must admit their cost.
     pub routes: Arc<[ConfiguredRoute]>,
+    /// The data plane's upstreams and their endpoints' health.
+    pub upstreams: Arc<dyn UpstreamsView>,
 }
 
 /// Shared state of the handlers.
@@ -94,6 +99,7 @@ pub(crate) struct AdminState {
     quota: Arc<dyn QuotaAdmin>,
     idempotency: Arc<dyn portcullis_idempotency::Store>,
     token: auth::TokenDigest,
+    upstreams: Arc<dyn UpstreamsView>,
 }
 
 /// Who made a change, for the audit log (set by [`auth`]).
@@ -118,6 +124,7 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
         quota,
         idempotency: ctx.idempotency,
         token: auth::TokenDigest::new(&ctx.token),
+        upstreams: ctx.upstreams,
     };
     let api = Router::new()
         .route("/tenants", get(tenants::list).post(tenants::create))
@@ -152,6 +159,7 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
             get(idempotency::get).delete(idempotency::delete),
         )
         .route("/audit", get(audit::list))
+        .route("/upstreams", get(upstreams::list))
         .route("/openapi.json", get(openapi::serve))
         // Unknown admin paths answer 404 problem+json, and only after authentication, so
         // probing without the token learns nothing about which paths exist.

@@ -114,6 +114,9 @@ fn paths() -> Value {
         "/admin/v1/audit": {
             "get": op("The audit log, newest first", &["TenantFilter", "Limit", "AuditCursor"], None, json!({ "200": ok("A page of entries", "AuditPage") })),
         },
+        "/admin/v1/upstreams": {
+            "get": op("Every upstream's endpoints and their health as the answering replica sees them", &[], None, json!({ "200": ok("Upstreams", "UpstreamList") })),
+        },
         "/admin/v1/openapi.json": {
             "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1", "content": { "application/json": {} } }, "401": { "$ref": "#/components/responses/Unauthorized" } } },
         },
@@ -193,6 +196,9 @@ fn schemas() -> Value {
         "AuditEntry": { "type": "object", "properties": { "id": { "type": "integer" }, "at": time, "actor": { "type": "string" }, "action": { "type": "string", "examples": ["tenant.create", "quota.update", "key.revoke"] }, "tenant": { "type": ["string", "null"] }, "before": {}, "after": {} } },
         "AuditPage": page("AuditEntry", json!({ "type": ["string", "null"] })),
         "IdempotencyRecord": { "type": "object", "properties": { "tenant": { "type": "string" }, "route": { "type": "string" }, "key": { "type": "string" }, "state": { "enum": ["in_flight", "completed", "too_large"] }, "fingerprint": { "type": "string" }, "fencing_token": { "type": "integer" }, "status": { "type": ["integer", "null"] }, "created_at": time, "expires_at": time } },
+        "Endpoint": { "type": "object", "properties": { "url": { "type": "string" }, "host": { "type": "string" }, "weight": int(1), "state": { "enum": ["healthy", "unhealthy", "ejected"] }, "ejected_for_ms": { "type": ["integer", "null"] }, "ejections": int(0), "consecutive_failures": int(0), "in_flight": int(0) } },
+        "Upstream": { "type": "object", "properties": { "name": { "type": "string" }, "load_balancer": { "enum": ["round_robin", "least_request", "peak_ewma"] }, "circuit_breaker": { "enum": ["closed", "half_open", "open"] }, "healthy_endpoints": int(0), "panic": { "type": "boolean" }, "endpoints": { "type": "array", "items": { "$ref": "#/components/schemas/Endpoint" } } } },
+        "UpstreamList": { "type": "object", "properties": { "upstreams": { "type": "array", "items": { "$ref": "#/components/schemas/Upstream" } } } },
         "Problem": { "type": "object", "required": ["type", "title", "status", "detail"], "properties": { "type": { "type": "string", "format": "uri" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "errors": { "type": "array", "description": "422 only: every invalid field", "items": { "type": "object", "properties": { "field": { "type": "string" }, "reason": { "type": "string" } } } }, "retry_after": { "type": "integer" } } },
     })
 }

@@ -37,6 +37,35 @@ impl QuotaAdmin for FakeQuota {
 }
 
 async fn app() -> (Router, tempfile::TempDir) {
+    app_with(Arc::new(FakeUpstreams)).await
+}
+
+/// One upstream with an ejected endpoint, as the gateway would report it.
+struct FakeUpstreams;
+
+impl UpstreamsView for FakeUpstreams {
+    fn upstreams(&self) -> Vec<UpstreamStatus> {
+        vec![UpstreamStatus {
+            name: "orders".into(),
+            load_balancer: "least_request".into(),
+            circuit_breaker: "closed".into(),
+            healthy_endpoints: 1,
+            panic: false,
+            endpoints: vec![EndpointStatus {
+                url: "http://127.0.0.1:9001".into(),
+                host: "orders.internal:9001".into(),
+                weight: 2,
+                state: EndpointHealth::Ejected,
+                ejected_for_ms: Some(29_000),
+                ejections: 1,
+                consecutive_failures: 0,
+                in_flight: 0,
+            }],
+        }]
+    }
+}
+
+async fn app_with(upstreams: Arc<dyn UpstreamsView>) -> (Router, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::sqlite(&dir.path().join("a.db")).await.unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());
@@ -50,6 +79,7 @@ async fn app() -> (Router, tempfile::TempDir) {
             prefix: "/".into(),
             cost: 1,
         }]),
+        upstreams,
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }
@@ -300,4 +330,25 @@ async fn without_a_token_the_admin_paths_say_why() {
         .as_str()
         .unwrap()
         .contains("PORTCULLIS_ADMIN_TOKEN"));
+}
+
+#[tokio::test]
+async fn upstreams_lists_endpoint_health_and_needs_the_token() {
+    let (app, _dir) = app().await;
+    let (status, body) = call(&app, Method::GET, "/admin/v1/upstreams", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let endpoint = &body["upstreams"][0]["endpoints"][0];
+    assert_eq!(body["upstreams"][0]["name"], "orders");
+    assert_eq!(endpoint["state"], "ejected");
+    assert_eq!(endpoint["ejected_for_ms"], 29_000);
+    let (app, _dir) = app_with(Arc::new(NoUpstreams)).await;
+    let (_, body) = call(&app, Method::GET, "/admin/v1/upstreams", None).await;
+    assert_eq!(body, json!({ "upstreams": [] }));
+    let unauthenticated = Request::get("/admin/v1/upstreams")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        send(&app, unauthenticated).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 }

@@ -126,6 +126,55 @@ pub(super) fn print_quota(quota: &Value) {
     print_table(&["ROUTE", "RATE", "PER", "BURST", "DAILY", "MONTHLY"], rows);
 }
 
+pub(super) fn print_upstreams(list: &Value) {
+    for upstream in list["upstreams"].as_array().into_iter().flatten() {
+        println!(
+            "Upstream {} ({}): {} healthy, breaker {}{}",
+            text(&upstream["name"]),
+            text(&upstream["load_balancer"]),
+            text(&upstream["healthy_endpoints"]),
+            text(&upstream["circuit_breaker"]),
+            if upstream["panic"].as_bool() == Some(true) {
+                ", PANIC (balancing over all endpoints)"
+            } else {
+                ""
+            }
+        );
+        let rows = upstream["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let state = match e["ejected_for_ms"].as_u64() {
+                    Some(ms) => format!("{} ({ms} ms)", text(&e["state"])),
+                    None => text(&e["state"]),
+                };
+                vec![
+                    text(&e["url"]),
+                    text(&e["host"]),
+                    text(&e["weight"]),
+                    state,
+                    text(&e["ejections"]),
+                    text(&e["consecutive_failures"]),
+                    text(&e["in_flight"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "ENDPOINT",
+                "HOST",
+                "WEIGHT",
+                "STATE",
+                "EJECTIONS",
+                "FAILURES",
+                "IN FLIGHT",
+            ],
+            rows,
+        );
+    }
+}
+
 pub(super) fn print_usage(usage: &Value) {
     println!(
         "Tenant {}: {} rejected (429) by this replica",

@@ -8,6 +8,7 @@
 
 mod auth;
 mod backend;
+mod balance;
 mod duration;
 mod error;
 pub mod raw;
@@ -22,12 +23,16 @@ use std::time::Duration;
 
 pub use auth::{AuthSettings, JwksLocation, JwtSettings};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
+pub use balance::{
+    DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings, MAX_WEIGHT,
+};
 pub use duration::{AttemptTimeout, HumanDuration};
 pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
 pub use tls::{Http2Settings, UpstreamTls};
+pub use upstream::parse_endpoints_file;
 
 /// Environment variable holding the admin API bearer token.
 pub use portcullis_control::ENV_ADMIN_TOKEN;
@@ -97,6 +102,8 @@ pub struct Config {
     pub admin_token: Option<Secret>,
     /// Caller authentication besides API keys (`[auth.jwt]`).
     pub auth: AuthSettings,
+    /// How endpoint host names are resolved.
+    pub discovery: DiscoverySettings,
 }
 
 /// Validated `[server]`.
@@ -261,6 +268,20 @@ pub struct UpstreamSettings {
     pub tls_handshake_timeout: Duration,
     /// Speak HTTP/2 to this upstream.
     pub http2: bool,
+    /// Weight of each of `endpoints`, alike indexed.
+    pub weights: Vec<u32>,
+    /// How the next attempt's endpoint is picked.
+    pub load_balancer: LoadBalancer,
+    /// Active health checks, when configured.
+    pub health_check: Option<HealthCheckSettings>,
+    /// Passive outlier ejection.
+    pub outlier: OutlierSettings,
+    /// Percentage of usable endpoints below which all are used (panic mode).
+    pub panic_threshold: u8,
+    /// Endpoint file watched for changes.
+    pub endpoints_file: Option<std::path::PathBuf>,
+    /// Re-resolution and file-check interval.
+    pub resolve_interval: Duration,
 }
 
 /// What a duplicate in flight gets.

@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::balance::{
+    RawDiscovery, RawEndpoint, RawHealthCheck, RawOutlier, RawWeightedEndpoint,
+};
 use super::duration::{AttemptTimeout, HumanDuration};
 
 /// Default proxy listener.
@@ -54,6 +57,9 @@ pub struct RawConfig {
     /// Caller authentication besides API keys.
     #[serde(default)]
     pub auth: super::auth::RawAuth,
+    /// How endpoint host names are resolved.
+    #[serde(default)]
+    pub discovery: RawDiscovery,
 }
 
 /// `[server]`.
@@ -229,8 +235,27 @@ pub struct RawTenant {
 pub struct RawUpstream {
     /// Name routes refer to; also the `dependency` label in metrics.
     pub name: String,
-    /// `http://host:port` base URLs, used round robin.
-    pub endpoints: Vec<String>,
+    /// `http://host:port` base URLs or `{ url, weight }`; host names are re-resolved.
+    #[serde(default)]
+    pub endpoints: Vec<RawEndpoint>,
+    /// `"round_robin"` (default), `"least_request"` or `"peak_ewma"`.
+    #[serde(default = "default_load_balancer")]
+    pub load_balancer: String,
+    /// Active health checks; absent → none.
+    #[serde(default)]
+    pub health_check: Option<RawHealthCheck>,
+    /// Passive outlier ejection.
+    #[serde(default)]
+    pub outlier: RawOutlier,
+    /// Below this percentage of usable endpoints, balance over all of them (Envoy's panic).
+    #[serde(default = "default_panic_threshold")]
+    pub panic_threshold: u8,
+    /// A file of endpoint URLs (one per line, optional weight), watched for changes.
+    #[serde(default)]
+    pub endpoints_file: Option<String>,
+    /// How often host names are re-resolved and `endpoints_file` is checked.
+    #[serde(default = "default_resolve_interval")]
+    pub resolve_interval: HumanDuration,
     /// TCP connect timeout.
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout: HumanDuration,
@@ -267,6 +292,15 @@ pub struct RawUpstream {
     pub http2: bool,
 }
 
+fn default_load_balancer() -> String {
+    super::balance::DEFAULT_LOAD_BALANCER.into()
+}
+fn default_panic_threshold() -> u8 {
+    super::balance::DEFAULT_PANIC_THRESHOLD
+}
+fn default_resolve_interval() -> HumanDuration {
+    super::balance::DEFAULT_RESOLVE_INTERVAL
+}
 fn default_connect_timeout() -> HumanDuration {
     HumanDuration::secs(1)
 }

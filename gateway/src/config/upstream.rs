@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::balance::{self, MAX_WEIGHT};
 use super::duration::AttemptTimeout;
 use super::error::Issues;
 use super::raw::{RawHedge, RawRetry, RawRouteRetry, RawUpstream};
@@ -23,24 +24,53 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
             format!("= {:?}: 1–64 characters of [A-Za-z0-9._-]", raw.name),
         );
     }
-    if raw.endpoints.is_empty() {
+    if raw.endpoints.is_empty() && raw.endpoints_file.is_none() {
         issues.push(
             format!("{path}.endpoints"),
-            "is empty: at least one \"http://host:port\" or \"https://host:port\" is required",
+            "is empty: at least one \"http://host:port\" or \"https://host:port\" (or an endpoints_file) is required",
         );
     }
-    let endpoints: Vec<http::Uri> = raw
-        .endpoints
-        .iter()
-        .enumerate()
-        .filter_map(|(i, text)| match endpoint(text) {
-            Ok(uri) => Some(uri),
-            Err(reason) => {
-                issues.push(format!("{path}.endpoints[{i}]"), reason);
-                None
+    let mut endpoints: Vec<http::Uri> = Vec::with_capacity(raw.endpoints.len());
+    let mut weights = Vec::with_capacity(raw.endpoints.len());
+    for (i, entry) in raw.endpoints.iter().enumerate() {
+        let weight = entry.weight();
+        if !(1..=MAX_WEIGHT).contains(&weight) {
+            issues.push(
+                format!("{path}.endpoints[{i}].weight"),
+                format!("= {weight}: allowed 1..={MAX_WEIGHT}"),
+            );
+        }
+        match endpoint(entry.url()) {
+            Ok(uri) => {
+                endpoints.push(uri);
+                weights.push(weight.clamp(1, MAX_WEIGHT));
             }
-        })
-        .collect();
+            Err(reason) => issues.push(format!("{path}.endpoints[{i}]"), reason),
+        }
+    }
+    // The file must be good at start-up; later bad versions keep the last good set.
+    let mut file_endpoints = Vec::new();
+    if let Some(file) = &raw.endpoints_file {
+        match std::fs::read_to_string(file)
+            .map_err(|e| format!("= {file:?}: cannot read: {e}"))
+            .and_then(|text| parse_endpoints_file(&text).map_err(|e| format!("= {file:?}: {e}")))
+        {
+            Ok(list) => file_endpoints = list.into_iter().map(|(uri, _)| uri).collect(),
+            Err(reason) => issues.push(format!("{path}.endpoints_file"), reason),
+        }
+    }
+    issues.duration_range(
+        &format!("{path}.resolve_interval"),
+        raw.resolve_interval.get(),
+        Duration::from_millis(10),
+        Duration::from_secs(86_400),
+    );
+    issues.range(
+        format!("{path}.panic_threshold"),
+        raw.panic_threshold,
+        0,
+        100,
+    );
     let (lo, hi) = CONNECT_TIMEOUT_RANGE;
     issues.duration_range(
         &format!("{path}.connect_timeout"),
@@ -113,7 +143,8 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         Duration::ZERO,
         Duration::from_secs(300),
     );
-    let tls = super::tls::upstream_tls(path, raw, &endpoints, issues);
+    let all: Vec<http::Uri> = endpoints.iter().chain(&file_endpoints).cloned().collect();
+    let tls = super::tls::upstream_tls(path, raw, &all, issues);
     UpstreamSettings {
         name: raw.name.clone(),
         endpoints,
@@ -128,7 +159,48 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         tls,
         tls_handshake_timeout: raw.tls_handshake_timeout.get(),
         http2: raw.http2,
+        weights,
+        load_balancer: balance::load_balancer(path, &raw.load_balancer, issues),
+        health_check: balance::health_check(path, raw.health_check.as_ref(), issues),
+        outlier: balance::outlier(path, &raw.outlier, issues),
+        panic_threshold: raw.panic_threshold,
+        endpoints_file: raw.endpoints_file.as_ref().map(std::path::PathBuf::from),
+        resolve_interval: raw.resolve_interval.get(),
     }
+}
+
+/// Parses an `endpoints_file`: one endpoint per line, `URL [weight]`; blank lines and lines
+/// starting with `#` are ignored. Any bad line fails the whole file (a half-read file must
+/// not shrink the set).
+pub fn parse_endpoints_file(text: &str) -> Result<Vec<(http::Uri, u32)>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let url = words.next().unwrap_or_default();
+        let uri = endpoint(url).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let weight = match words.next() {
+            None => 1,
+            Some(w) => w
+                .strip_prefix("weight=")
+                .unwrap_or(w)
+                .parse::<u32>()
+                .ok()
+                .filter(|w| (1..=MAX_WEIGHT).contains(w))
+                .ok_or_else(|| format!("line {}: weight {w:?}: allowed 1..={MAX_WEIGHT}", n + 1))?,
+        };
+        if words.next().is_some() {
+            return Err(format!("line {}: expected \"URL [weight]\"", n + 1));
+        }
+        out.push((uri, weight));
+    }
+    if out.is_empty() {
+        return Err("lists no endpoint".into());
+    }
+    Ok(out)
 }
 
 fn upstream_params(path: &str, raw: &RawUpstream, issues: &mut Issues) -> RetryParams {

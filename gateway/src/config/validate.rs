@@ -93,6 +93,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         demo,
         admin_token,
         auth,
+        discovery: super::balance::discovery(&raw.discovery),
     })
 }
 

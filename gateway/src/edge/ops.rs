@@ -1,5 +1,5 @@
 //! Operations endpoints: `/healthz` (the process serves), `/readyz` (the configured stores
-//! answer and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
+//! answer, every upstream has a usable endpoint, and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
 //! `/healthz` and `/readyz` also answer on the proxy listener for load-balancer checks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +17,8 @@ use portcullis_control::Database;
 use portcullis_problem::Problem;
 use portcullis_redis::RedisClient;
 
+use crate::upstream::proxy::Upstream;
+
 /// Each readiness check must answer within this.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -26,6 +28,7 @@ pub struct Health {
     draining: AtomicBool,
     db: Database,
     redis: Vec<RedisClient>,
+    upstreams: Vec<Arc<Upstream>>,
 }
 
 // === impl Health ===
@@ -37,7 +40,14 @@ impl Health {
             draining: AtomicBool::new(false),
             db,
             redis,
+            upstreams: Vec::new(),
         }
+    }
+
+    /// Also not ready while an upstream has no usable endpoint (see `ready`).
+    pub(crate) fn with_upstreams(mut self, upstreams: Vec<Arc<Upstream>>) -> Self {
+        self.upstreams = upstreams;
+        self
     }
 
     /// Marks the process as draining: `/readyz` answers 503 from now on.
@@ -45,10 +55,24 @@ impl Health {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// `Ok` when every store answers in time and the process is not draining.
+    /// `Ok` when every store answers in time, the process is not draining, and every
+    /// upstream has at least one usable endpoint (Envoy-style: an upstream with some
+    /// endpoints down still serves; one with all down makes this replica not ready, named).
     pub async fn ready(&self) -> Result<(), String> {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
+        }
+        let down: Vec<&str> = self
+            .upstreams
+            .iter()
+            .filter(|u| !u.any_usable())
+            .map(|u| u.name())
+            .collect();
+        if !down.is_empty() {
+            return Err(format!(
+                "upstreams with no healthy endpoint: {}",
+                down.join(", ")
+            ));
         }
         match tokio::time::timeout(CHECK_TIMEOUT, self.db.ping()).await {
             Ok(Ok(())) => {}

@@ -1,7 +1,9 @@
-//! The upstream side: the pooled client that sends one attempt ([`proxy`], with its
+//! The upstream side: which endpoint gets an attempt, with health and discovery
+//! ([`balance`]), the pooled client that sends one attempt ([`proxy`], with its
 //! connector, DNS resolver and error classification), the headers the gateway sends about
 //! the client ([`forwarded`]), and the built-in demo upstream ([`demo`]).
 
+pub(crate) mod balance;
 pub mod demo;
 pub mod forwarded;
 pub mod proxy;

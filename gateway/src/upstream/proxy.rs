@@ -1,5 +1,5 @@
-//! The upstream client: one pooled keep-alive hyper client per upstream, round-robin over its
-//! endpoints, bodies streamed both ways, hop-by-hop headers removed (see `edge::hop_by_hop`:
+//! The upstream client: one pooled keep-alive hyper client per upstream, sending each attempt
+//! to the endpoint `upstream::balance` picks (and feeding the outcome back to it), bodies streamed both ways, hop-by-hop headers removed (see `edge::hop_by_hop`:
 //! the client's at the edge, the upstream's here), `X-Forwarded-*` set.
 //! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
 //! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
@@ -8,25 +8,30 @@
 //! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
 //! retry layer's safety decision depends on whether a byte may have reached the backend.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use futures_util::future::{BoxFuture, FutureExt};
 use http::header::{self, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
-use crate::config::UpstreamSettings;
+use crate::config::{HealthCheckSettings, LoadBalancer, OutlierSettings, UpstreamSettings};
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
-use portcullis_retry::{AttemptInfo, ServedBy};
+use crate::upstream::balance::discovery::{self, Sources};
+use crate::upstream::balance::{
+    Address, Clock, Endpoint, EndpointSet, EndpointState, InFlight, Now, Outcome,
+};
+use portcullis_retry::{AttemptInfo, Dependency, ServedBy};
 
 mod client_body;
 mod connector;
@@ -42,11 +47,21 @@ pub use resolver::HttpConnector;
 /// timeouts of 60–75 s would be safer, but backends here are configured by their owners).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// One backend with its endpoints and connection pool.
+/// One backend: its endpoints (replaceable at run time, see `upstream::balance`), how it
+/// balances and ejects, and its connection pool.
 #[derive(Debug)]
 pub struct Upstream {
-    endpoints: Vec<(Scheme, Authority)>,
-    next: AtomicUsize,
+    name: Arc<str>,
+    set: ArcSwap<EndpointSet>,
+    clock: Clock,
+    load_balancer: LoadBalancer,
+    panic_threshold: u8,
+    outlier: OutlierSettings,
+    health_check: Option<HealthCheckSettings>,
+    sources: Sources,
+    dependency: Arc<Dependency>,
+    /// Seeds each new set's random choices.
+    seed: AtomicU64,
     client: Pool,
 }
 
@@ -62,7 +77,11 @@ enum Pool {
 
 impl Upstream {
     /// Builds the pool for validated settings.
-    pub fn new(settings: &UpstreamSettings) -> Self {
+    pub fn new(
+        settings: &UpstreamSettings,
+        hosts_file: Option<&std::path::Path>,
+        dependency: Arc<Dependency>,
+    ) -> Self {
         let mut connector = resolver::http_connector();
         connector.set_connect_timeout(Some(settings.connect_timeout));
         connector.set_nodelay(true);
@@ -81,26 +100,225 @@ impl Upstream {
                 settings.tls_handshake_timeout,
             ))),
         };
-        let endpoints = settings
+        let entries: Vec<(Uri, u32)> = settings
             .endpoints
             .iter()
-            .filter_map(|uri| Some((uri.scheme()?.clone(), uri.authority()?.clone())))
+            .cloned()
+            .zip(settings.weights.iter().copied().chain(std::iter::repeat(1)))
             .collect();
+        let sources = Sources {
+            entries,
+            file: settings.endpoints_file.clone(),
+            interval: settings.resolve_interval,
+            hosts_file: hosts_file.map(Into::into),
+        };
+        // Until discovery's first refresh, names stand for themselves (resolved at connect).
+        let initial: Vec<Arc<Endpoint>> = sources
+            .entries
+            .iter()
+            .filter_map(|(uri, weight)| {
+                Some(Arc::new(Endpoint {
+                    address: discovery::literal(uri)?,
+                    weight: *weight,
+                    state: Arc::new(EndpointState::new()),
+                }))
+            })
+            .collect();
+        let seed = AtomicU64::new(rand::random());
+        let set = EndpointSet::new(
+            initial,
+            settings.load_balancer,
+            settings.panic_threshold,
+            seed.fetch_add(1, Ordering::Relaxed),
+        );
         Self {
-            endpoints,
-            next: AtomicUsize::new(0),
+            name: settings.name.as_str().into(),
+            set: ArcSwap::from_pointee(set),
+            clock: Clock::new(),
+            load_balancer: settings.load_balancer,
+            panic_threshold: settings.panic_threshold,
+            outlier: settings.outlier,
+            health_check: settings.health_check.clone(),
+            sources,
+            dependency,
+            seed,
             client,
         }
     }
 
-    /// Round robin, skipping `avoid` when there is another endpoint.
-    fn pick(&self, avoid: Option<usize>) -> usize {
-        let count = self.endpoints.len().max(1);
-        let mut index = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        if count > 1 && Some(index) == avoid {
-            index = (index + 1) % count;
+    /// The upstream's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current endpoint set (a snapshot: discovery may swap in another meanwhile).
+    pub(crate) fn endpoint_set(&self) -> Arc<EndpointSet> {
+        self.set.load_full()
+    }
+
+    /// Where the endpoints come from.
+    pub(crate) fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// The active health check settings, when configured.
+    pub(crate) fn health_check(&self) -> Option<&HealthCheckSettings> {
+        self.health_check.as_ref()
+    }
+
+    /// The retry layer's state of this upstream (budget, breaker).
+    pub(crate) fn dependency(&self) -> &Arc<Dependency> {
+        &self.dependency
+    }
+
+    /// The load balancer in use.
+    pub(crate) fn load_balancer(&self) -> LoadBalancer {
+        self.load_balancer
+    }
+
+    /// The upstream's clock (ejection times are on it).
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Whether at least one endpoint is usable now (`/readyz`).
+    pub(crate) fn any_usable(&self) -> bool {
+        self.set.load().any_usable(&self.clock)
+    }
+
+    /// Swaps in a new endpoint list unless it equals the current one; endpoints that stay
+    /// keep their state.
+    pub(crate) fn replace_endpoints(&self, next: Vec<(Address, u32)>) {
+        let current = self.set.load();
+        let same = current.endpoints().len() == next.len()
+            && current
+                .endpoints()
+                .iter()
+                .zip(&next)
+                .all(|(e, (a, w))| e.address == *a && e.weight == *w);
+        if same {
+            return;
         }
-        index
+        let mut carried = discovery::carried_states(&current);
+        let endpoints: Vec<Arc<Endpoint>> = next
+            .into_iter()
+            .map(|(address, weight)| {
+                let state = carried
+                    .remove(&address)
+                    .unwrap_or_else(|| Arc::new(EndpointState::new()));
+                Arc::new(Endpoint {
+                    address,
+                    weight,
+                    state,
+                })
+            })
+            .collect();
+        tracing::info!(
+            upstream = %self.name,
+            endpoints = ?endpoints.iter().map(|e| e.address.url()).collect::<Vec<_>>(),
+            "endpoints changed"
+        );
+        self.dependency.set_endpoints(endpoints.len());
+        let set = EndpointSet::new(
+            endpoints,
+            self.load_balancer,
+            self.panic_threshold,
+            self.seed.fetch_add(1, Ordering::Relaxed),
+        );
+        self.set.store(Arc::new(set));
+    }
+
+    /// One active health check: `GET path` to `address`; a 2xx is a pass.
+    pub(crate) async fn probe(&self, address: &Address, path: &PathAndQuery) -> bool {
+        let uri = Uri::from_parts({
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(address.scheme.clone());
+            parts.authority = Some(address.authority.clone());
+            parts.path_and_query = Some(path.clone());
+            parts
+        });
+        let Ok(uri) = uri else { return false };
+        let mut request = Request::new(Body::empty());
+        *request.uri_mut() = uri;
+        request
+            .headers_mut()
+            .insert(header::HOST, address.host.clone());
+        let response = match &self.client {
+            Pool::Plain(client) => client.request(request).await,
+            Pool::Tls(client) => client.request(request).await,
+        };
+        response.is_ok_and(|r| r.status().is_success())
+    }
+
+    /// Feeds an attempt's outcome to passive health.
+    fn record(&self, endpoint: &Endpoint, outcome: Outcome) {
+        let set = self.set.load();
+        if let Some(until) = set.record(endpoint, outcome, &self.outlier, &self.clock) {
+            tracing::warn!(
+                upstream = %self.name,
+                endpoint = %endpoint.address.url(),
+                ejected_for_ms = self.clock.until(until).as_millis() as u64,
+                ejections = endpoint.state.ejections(),
+                "outlier ejected"
+            );
+        }
+    }
+}
+
+/// What an attempt's failure says about the endpoint.
+fn outcome_of_error(kind: ProxyErrorKind) -> Outcome {
+    match kind {
+        ProxyErrorKind::ConnectRefused
+        | ProxyErrorKind::ConnectTimeout
+        | ProxyErrorKind::Dns
+        | ProxyErrorKind::TlsHandshakeTimeout
+        | ProxyErrorKind::TlsHandshake
+        | ProxyErrorKind::TlsCertificate
+        | ProxyErrorKind::ResetAfterSent => Outcome::Failure,
+        _ => Outcome::Neutral,
+    }
+}
+
+/// 502/503/504 from the endpoint are gateway failures (Envoy's `consecutive_gateway_failure`).
+fn outcome_of_status(status: http::StatusCode) -> Outcome {
+    match status.as_u16() {
+        502..=504 => Outcome::Failure,
+        _ => Outcome::Success,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The upstream's response body, holding the endpoint's in-flight count until it ends
+    /// or is dropped: least_request and peak_ewma see streaming responses as load.
+    struct CountedBody<B> {
+        #[pin]
+        inner: B,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for CountedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            this.in_flight.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -141,8 +359,23 @@ impl Service<Request<Body>> for Proxy {
             .extensions()
             .get::<AttemptInfo>()
             .and_then(|a| a.avoid_endpoint);
-        let index = upstream.pick(avoid);
-        let prepared = prepare(request, &context, &upstream, index);
+        let endpoint = {
+            let set = upstream.set.load();
+            let mut now = Now::new(&upstream.clock);
+            match set.pick(avoid, &mut now) {
+                Some(endpoint) => endpoint.clone(),
+                None => {
+                    return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None)))
+                        .boxed()
+                }
+            }
+        };
+        let id = endpoint.state.id;
+        let in_flight = endpoint.state.start();
+        // Latency is only needed by peak_ewma; round robin reads no clock.
+        let started =
+            (upstream.load_balancer == LoadBalancer::PeakEwma).then(|| upstream.clock.now());
+        let prepared = prepare(request, &context, &endpoint.address, id);
         async move {
             let request = prepared?;
             // Bodiless requests (most GETs) need no witness and skip its allocation.
@@ -154,23 +387,36 @@ impl Service<Request<Body>> for Proxy {
                 (Request::from_parts(parts, body), Some(failure))
             };
             // The attempt timeout is the retry layer's: it also knows the request deadline.
-            let response = match &upstream.client {
+            let result = match &upstream.client {
                 Pool::Plain(client) => client.request(request).await,
                 Pool::Tls(client) => client.request(request).await,
+            };
+            if let Some(started) = started {
+                let now = upstream.clock.now();
+                endpoint
+                    .state
+                    .observe_latency(Duration::from_nanos(now.saturating_sub(started)), now);
             }
-            .map_err(|err| {
+            let response = result.map_err(|err| {
                 // The client's own body error, when it failed, explains the attempt's
                 // failure better than hyper's report of it (see `client_body`).
-                match body_failure.as_ref().and_then(BodyFailure::take) {
-                    Some(body_err) => ProxyError::from_client_body(body_err, index),
-                    None => ProxyError::from_client(err, index),
-                }
+                let err = match body_failure.as_ref().and_then(BodyFailure::take) {
+                    Some(body_err) => ProxyError::from_client_body(body_err, id),
+                    None => ProxyError::from_client(err, id),
+                };
+                upstream.record(&endpoint, outcome_of_error(err.kind()));
+                err
             })?;
+            upstream.record(&endpoint, outcome_of_status(response.status()));
             let (mut parts, body) = response.into_parts();
             // Innermost, so the upstream's `Connection` cannot name away the headers the
             // outer layers add to this response.
             hop_by_hop::strip_upstream_response(&mut parts.headers);
-            parts.extensions.insert(ServedBy(index));
+            parts.extensions.insert(ServedBy(id));
+            let body = CountedBody {
+                inner: body,
+                in_flight: Some(in_flight),
+            };
             Ok(Response::from_parts(parts, Body::new(body)))
         }
         .boxed()
@@ -181,13 +427,11 @@ impl Service<Request<Body>> for Proxy {
 fn prepare(
     request: Request<Body>,
     context: &RequestContext,
-    upstream: &Upstream,
+    address: &Address,
     index: usize,
 ) -> Result<Request<Body>, ProxyError> {
     let (mut parts, body) = request.into_parts();
-    let Some((scheme, authority)) = upstream.endpoints.get(index).cloned() else {
-        return Err(ProxyError::new(ProxyErrorKind::NoRoute, None));
-    };
+    let (scheme, authority) = (address.scheme.clone(), address.authority.clone());
     let route = &context.route.settings;
     let path_and_query = upstream_path(&parts.uri, &route.prefix, route.strip_prefix);
     let client_tls = parts.extensions.get::<ClientTls>().is_some();
@@ -199,7 +443,7 @@ fn prepare(
     parts.uri = Uri::from_parts({
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(scheme);
-        uri.authority = Some(authority.clone());
+        uri.authority = Some(authority);
         uri.path_and_query = Some(path_and_query);
         uri
     })
@@ -208,9 +452,7 @@ fn prepare(
 
     // The client's hop-by-hop fields (the fixed list, `Connection` and what it named) went
     // at the edge, and no layer since adds one: nothing to strip again on this hop.
-    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-        parts.headers.insert(header::HOST, host);
-    }
+    parts.headers.insert(header::HOST, address.host.clone());
     let client = &context.client;
     let chain = client.forwarded_for(&parts.headers);
     if let Ok(value) = HeaderValue::from_str(&chain) {

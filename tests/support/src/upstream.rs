@@ -154,10 +154,27 @@ impl ScriptedUpstream {
         Self::spawn(script, Step::ok("ok"), Some(TlsAcceptor::from(config))).await
     }
 
+    /// Starts on `addr` (a loopback address; port 0 for a free one); `None` when it cannot
+    /// bind there. Answers `script` in order, then `200 ok`. For tests that need several
+    /// upstreams on one port (host names with several address records: 127.0.0.2, .3 …).
+    pub async fn start_at(addr: SocketAddr, script: Vec<Step>) -> Option<Self> {
+        let listener = TcpListener::bind(addr).await.ok()?;
+        Some(Self::serve(listener, script, Step::ok("ok"), None))
+    }
+
     async fn spawn(script: Vec<Step>, fallback: Step, tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind scripted upstream");
+        Self::serve(listener, script, fallback, tls)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        script: Vec<Step>,
+        fallback: Step,
+        tls: Option<TlsAcceptor>,
+    ) -> Self {
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
             script: Mutex::new(script.into()),

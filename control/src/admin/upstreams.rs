@@ -1,0 +1,84 @@
+//! `GET /upstreams`: every upstream's endpoints and their health as this replica sees them
+//! (balancer, breaker, per-endpoint state, ejections, in-flight). The control plane cannot
+//! depend on the gateway, so the gateway implements [`UpstreamsView`] and passes it in
+//! [`AdminContext`](super::AdminContext).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Serialize;
+
+use super::AdminState;
+
+/// A read-only view of the data plane's upstreams.
+pub trait UpstreamsView: Send + Sync {
+    /// A snapshot of every upstream, in configuration order.
+    fn upstreams(&self) -> Vec<UpstreamStatus>;
+}
+
+/// A view with no upstreams (tools and tests that run the admin API without a data plane).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoUpstreams;
+
+impl UpstreamsView for NoUpstreams {
+    fn upstreams(&self) -> Vec<UpstreamStatus> {
+        Vec::new()
+    }
+}
+
+/// One upstream. An object, so later fields (latency percentiles…) are additions.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamStatus {
+    /// The configured name.
+    pub name: String,
+    /// `round_robin`, `least_request` or `peak_ewma`.
+    pub load_balancer: String,
+    /// The retry layer's circuit breaker: `closed`, `half_open` or `open`.
+    pub circuit_breaker: String,
+    /// Endpoints currently usable (not unhealthy, not ejected).
+    pub healthy_endpoints: usize,
+    /// Whether picks currently ignore health (too few usable endpoints: panic mode).
+    pub panic: bool,
+    /// The endpoints.
+    pub endpoints: Vec<EndpointStatus>,
+}
+
+/// One endpoint of an upstream.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointStatus {
+    /// `scheme://address` connected to (an IP for resolved host names).
+    pub url: String,
+    /// The `Host` header sent (the configured `host:port`).
+    pub host: String,
+    /// Balancing weight.
+    pub weight: u32,
+    /// Overall state.
+    pub state: EndpointHealth,
+    /// Milliseconds until the ejection ends, when ejected.
+    pub ejected_for_ms: Option<u64>,
+    /// Passive ejections since the gateway started.
+    pub ejections: u32,
+    /// Gateway failures in a row (connect errors, resets, 502/503/504).
+    pub consecutive_failures: u32,
+    /// Requests in flight from this replica.
+    pub in_flight: usize,
+}
+
+/// An endpoint's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointHealth {
+    /// Picked normally.
+    Healthy,
+    /// Failed by active health checks.
+    Unhealthy,
+    /// Ejected by passive outlier detection.
+    Ejected,
+}
+
+/// The handler.
+pub(super) async fn list(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    let view: &Arc<dyn UpstreamsView> = &state.upstreams;
+    Json(serde_json::json!({ "upstreams": view.upstreams() }))
+}

@@ -1,0 +1,60 @@
+//! Active health checks: one background task per upstream with a `health_check`, sending
+//! `GET path` to every endpoint of the current set each `interval`, all endpoints of a
+//! round concurrently and each bounded by `timeout`, so a round never outlasts
+//! `timeout` (validation keeps it ≤ `interval`). A 2xx answer is a pass; anything else, a
+//! connect error or the timeout is a failure. `unhealthy` failures in a row take an
+//! endpoint out of balancing, `healthy` passes in a row bring it back (hysteresis as in
+//! Envoy and nginx plus). New endpoints start healthy: a gateway that starts (or a name
+//! that resolves) does not refuse traffic until a first round has passed.
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+
+use crate::upstream::proxy::Upstream;
+
+/// Runs the checks of `upstream` until `stop` turns true. Does nothing without a
+/// `health_check`.
+pub(crate) async fn run(upstream: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
+    let Some(settings) = upstream.health_check().cloned() else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(settings.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let set = upstream.endpoint_set();
+        let checks = set.endpoints().iter().map(|endpoint| {
+            let upstream = &upstream;
+            let settings = &settings;
+            async move {
+                let passed = tokio::time::timeout(
+                    settings.timeout,
+                    upstream.probe(&endpoint.address, &settings.path),
+                )
+                .await
+                .unwrap_or(false);
+                if let Some(healthy) =
+                    endpoint
+                        .state
+                        .record_check(passed, settings.healthy, settings.unhealthy)
+                {
+                    tracing::warn!(
+                        upstream = upstream.name(),
+                        endpoint = %endpoint.address.url(),
+                        healthy,
+                        "active health check changed the endpoint's state"
+                    );
+                }
+            }
+        });
+        tokio::select! {
+            _ = join_all(checks) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
