@@ -12,7 +12,8 @@ WORKDIR /src
 
 # Dependency-cache layer: the manifests and the lock file with stub sources, so the external
 # crates compile once and stay cached until a manifest or Cargo.lock changes. Every target a
-# manifest declares gets a stub (cargo refuses a workspace with a missing bench or test file).
+# manifest declares gets a stub (cargo refuses a workspace with a missing bench or test
+# file): scripts/stub-targets derives them from the manifests.
 COPY Cargo.toml Cargo.lock ./
 COPY gateway/Cargo.toml gateway/
 COPY control/Cargo.toml control/
@@ -22,16 +23,9 @@ COPY idempotency/Cargo.toml idempotency/
 COPY redis/Cargo.toml redis/
 COPY retry/Cargo.toml retry/
 COPY tests/support/Cargo.toml tests/support/
-RUN set -eu; \
-    for crate in gateway control problem ratelimit idempotency redis retry tests/support; do \
-      mkdir -p "$crate/src" && : > "$crate/src/lib.rs"; \
-    done; \
-    for main in gateway/src/main.rs tests/e2e/main.rs tests/edge_scan/main.rs \
-                gateway/benches/framing_guard.rs gateway/benches/pipeline.rs \
-                idempotency/benches/store.rs ratelimit/benches/limiter.rs; do \
-      mkdir -p "$(dirname "$main")" && echo 'fn main() {}' > "$main"; \
-    done; \
-    cargo build --release --locked -p portcullis-gateway --bin portcullis
+COPY scripts/stub-targets scripts/
+RUN sh scripts/stub-targets \
+    && cargo build --release --locked -p portcullis-gateway --bin portcullis
 
 # The sources. Their files may be older than the stub build's outputs, so touch them: cargo
 # decides freshness by modification time and would otherwise keep the stub binary.
