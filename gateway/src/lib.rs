@@ -138,7 +138,13 @@ pub async fn run(
         })?;
     }
 
-    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(upstreams.clone()));
+    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(
+        upstreams
+            .iter()
+            .zip(&config.upstreams)
+            .map(|(u, settings)| (u.clone(), settings.retry.clone()))
+            .collect(),
+    ));
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {

@@ -246,7 +246,7 @@ impl RetryPolicy {
 
     /// Time to wait for response headers of one attempt toward `dependency` (before the
     /// deadline clamp): fixed, or learned from its latency.
-    pub(crate) fn attempt_timeout(&self, dependency: &crate::Dependency) -> Duration {
+    pub fn attempt_timeout_for(&self, dependency: &crate::Dependency) -> Duration {
         match self.params.auto_attempt_timeout_floor {
             None => self.params.attempt_timeout,
             Some(floor) => {

@@ -163,7 +163,7 @@ where
     loop {
         let started = Instant::now();
         let limit = policy
-            .attempt_timeout(&dep)
+            .attempt_timeout_for(&dep)
             .min(deadline.at.saturating_duration_since(started));
         let grpc_timeout = grpc.then(|| grpc::format_timeout(limit));
         let request = |number, body| {

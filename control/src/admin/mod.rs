@@ -56,7 +56,9 @@ use axum::{middleware, Router};
 use http::{header, Method, Request, Response, StatusCode};
 
 pub(crate) use error::AdminError;
-pub use upstreams::{EndpointHealth, EndpointStatus, NoUpstreams, UpstreamStatus, UpstreamsView};
+pub use upstreams::{
+    EndpointHealth, EndpointStatus, LatencyStatus, NoUpstreams, UpstreamStatus, UpstreamsView,
+};
 pub use validate::ConfiguredRoute;
 
 use portcullis_ratelimit::Limiter;

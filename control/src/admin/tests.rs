@@ -61,6 +61,14 @@ impl UpstreamsView for FakeUpstreams {
                 consecutive_failures: 0,
                 in_flight: 0,
             }],
+            attempt_timeout_ms: 5000,
+            latency: Some(LatencyStatus {
+                samples: 1200,
+                p50_ms: 4.1,
+                p99_ms: 41.0,
+                p999_ms: 120.0,
+                recommended_attempt_timeout_ms: 123,
+            }),
         }]
     }
 }
@@ -339,6 +347,10 @@ async fn upstreams_lists_endpoint_health_and_needs_the_token() {
     assert_eq!(status, StatusCode::OK);
     let endpoint = &body["upstreams"][0]["endpoints"][0];
     assert_eq!(body["upstreams"][0]["name"], "orders");
+    let latency = &body["upstreams"][0]["latency"];
+    assert_eq!(latency["p99_ms"], 41.0);
+    assert_eq!(latency["recommended_attempt_timeout_ms"], 123);
+    assert_eq!(body["upstreams"][0]["attempt_timeout_ms"], 5000);
     assert_eq!(endpoint["state"], "ejected");
     assert_eq!(endpoint["ejected_for_ms"], 29_000);
     let (app, _dir) = app_with(Arc::new(NoUpstreams)).await;

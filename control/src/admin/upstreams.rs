@@ -42,6 +42,27 @@ pub struct UpstreamStatus {
     pub panic: bool,
     /// The endpoints.
     pub endpoints: Vec<EndpointStatus>,
+    /// The attempt timeout in force, in milliseconds: the configured one, or with
+    /// `attempt_timeout = "auto"` the learned one.
+    pub attempt_timeout_ms: u64,
+    /// Attempt latency measured by this replica over the last one to two minutes; `null`
+    /// until at least 100 attempts were made.
+    pub latency: Option<LatencyStatus>,
+}
+
+/// Attempt latency percentiles of one upstream, and the timeout they suggest.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyStatus {
+    /// Attempts measured.
+    pub samples: u64,
+    /// Median time to response headers, in milliseconds (upper bucket bound, within 19 %).
+    pub p50_ms: f64,
+    /// 99th percentile, in milliseconds.
+    pub p99_ms: f64,
+    /// 99.9th percentile, in milliseconds.
+    pub p999_ms: f64,
+    /// 3 × p99, bounded (the `attempt_timeout = "auto"` bounds, else 50 ms–300 s).
+    pub recommended_attempt_timeout_ms: u64,
 }
 
 /// One endpoint of an upstream.

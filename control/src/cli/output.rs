@@ -140,6 +140,23 @@ pub(super) fn print_upstreams(list: &Value) {
                 ""
             }
         );
+        let latency = &upstream["latency"];
+        if latency.is_object() {
+            println!(
+                "  latency p50 {} ms, p99 {} ms, p99.9 {} ms ({} attempts); attempt_timeout {} ms, recommended {} ms",
+                text(&latency["p50_ms"]),
+                text(&latency["p99_ms"]),
+                text(&latency["p999_ms"]),
+                text(&latency["samples"]),
+                text(&upstream["attempt_timeout_ms"]),
+                text(&latency["recommended_attempt_timeout_ms"]),
+            );
+        } else {
+            println!(
+                "  latency: fewer than 100 attempts measured; attempt_timeout {} ms",
+                text(&upstream["attempt_timeout_ms"])
+            );
+        }
         let rows = upstream["endpoints"]
             .as_array()
             .into_iter()

@@ -2,22 +2,57 @@
 
 use std::sync::Arc;
 
-use portcullis_control::admin::{EndpointHealth, EndpointStatus, UpstreamStatus, UpstreamsView};
+use std::time::Duration;
+
+use portcullis_control::admin::{
+    EndpointHealth, EndpointStatus, LatencyStatus, UpstreamStatus, UpstreamsView,
+};
+use portcullis_retry::RetryPolicy;
 
 use super::Now;
 use crate::upstream::proxy::Upstream;
 
-/// Every upstream, for the admin API.
+/// Bounds of a recommended attempt timeout when the upstream's is fixed.
+const RECOMMENDED_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_secs(300));
+
+/// Every upstream with its retry policy, for the admin API.
 #[derive(Debug)]
-pub(crate) struct Upstreams(pub(crate) Vec<Arc<Upstream>>);
+pub(crate) struct Upstreams(pub(crate) Vec<(Arc<Upstream>, RetryPolicy)>);
 
 impl UpstreamsView for Upstreams {
     fn upstreams(&self) -> Vec<UpstreamStatus> {
-        self.0.iter().map(|u| status(u)).collect()
+        self.0.iter().map(|(u, policy)| status(u, policy)).collect()
     }
 }
 
-fn status(upstream: &Upstream) -> UpstreamStatus {
+/// Attempt latency and the timeout it suggests: within the `"auto"` bounds when the
+/// upstream learns its timeout, else within [`RECOMMENDED_BOUNDS`].
+fn latency(upstream: &Upstream, policy: &RetryPolicy) -> Option<LatencyStatus> {
+    let dependency = upstream.dependency();
+    let measured = dependency.latency()?;
+    let params = policy.params();
+    let (floor, ceiling) = match params.auto_attempt_timeout_floor {
+        Some(floor) => (floor, params.attempt_timeout),
+        None => RECOMMENDED_BOUNDS,
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    Some(LatencyStatus {
+        samples: measured.samples,
+        p50_ms: ms(measured.p50),
+        p99_ms: ms(measured.p99),
+        p999_ms: ms(measured.p999),
+        recommended_attempt_timeout_ms: millis(
+            dependency.recommended_attempt_timeout(floor, ceiling),
+        ),
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
     let set = upstream.endpoint_set();
     let clock = upstream.clock();
     let now = clock.now();
@@ -58,5 +93,7 @@ fn status(upstream: &Upstream) -> UpstreamStatus {
         healthy_endpoints: healthy,
         panic: set.in_panic(healthy),
         endpoints,
+        attempt_timeout_ms: millis(policy.attempt_timeout_for(upstream.dependency())),
+        latency: latency(upstream, policy),
     }
 }
