@@ -4,7 +4,8 @@
 //! - A tenant's `max_in_flight` (database, admin API, `[[tenants]]`) counts all its requests
 //!   on every route. The counter lives with the tenant in the directory snapshot and
 //!   survives reloads, so admission is one compare-and-swap on a tenant the request already
-//!   holds: no map, no lock.
+//!   holds: no map, no lock. Every tenant request is counted, limited or not, so a limit set
+//!   through the admin API counts the requests already running when it arrives.
 //! - A route's `max_in_flight` counts one caller's requests on that route: the tenant, else
 //!   the anonymous client address (an IPv6 client by its /64, as the breaker counts
 //!   callers). Callers are kept in a sharded table whose entries exist only while they have
@@ -79,11 +80,12 @@ impl Step for Concurrency {
         };
         let mut permits = Permits::default();
         if let Caller::Tenant(tenant) = &context.caller {
-            if let Some(limit) = tenant.max_in_flight {
-                match CountPermit::try_acquire(tenant.in_flight(), limit) {
-                    Some(permit) => permits.tenant = Some(permit),
-                    None => return Err(refuse(Scope::Tenant, limit)),
-                }
+            // Counted even without a limit, so a limit set later through the admin API
+            // applies to the requests already running, not only to those admitted after it.
+            let limit = tenant.max_in_flight.unwrap_or(u64::MAX);
+            match CountPermit::try_acquire(tenant.in_flight(), limit) {
+                Some(permit) => permits.tenant = Some(permit),
+                None => return Err(refuse(Scope::Tenant, limit)),
             }
         }
         if let Some(table) = self
