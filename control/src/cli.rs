@@ -88,6 +88,9 @@ pub enum TenantCommand {
         /// Requests per UTC month.
         #[arg(long)]
         monthly: Option<u64>,
+        /// Requests in flight at once (per replica); over it → 429.
+        #[arg(long)]
+        max_in_flight: Option<u64>,
     },
     /// List all tenants.
     List,
@@ -140,6 +143,9 @@ pub enum QuotaCommand {
         /// Requests per UTC month, or "none".
         #[arg(long)]
         monthly: Option<String>,
+        /// Requests in flight at once (per replica), or "none".
+        #[arg(long)]
+        max_in_flight: Option<String>,
     },
 }
 
@@ -264,12 +270,14 @@ async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
             burst,
             daily,
             monthly,
+            max_in_flight,
         }) => {
             let mut body = json!({ "id": id, "rate": rate, "per": per, "burst": burst });
             for (field, value) in [
                 ("name", name.map(Value::from)),
                 ("daily_quota", daily.map(Value::from)),
                 ("monthly_quota", monthly.map(Value::from)),
+                ("max_in_flight", max_in_flight.map(Value::from)),
             ] {
                 if let Some(value) = value {
                     body[field] = value;
@@ -339,6 +347,7 @@ async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
             burst,
             daily,
             monthly,
+            max_in_flight,
         }) => {
             let tenant = url_encode(&tenant);
             let mut body = Map::new();
@@ -352,9 +361,10 @@ async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
                 body.insert("burst".into(), burst.into());
             }
             let quota = if let Some(route) = route {
-                if daily.is_some() || monthly.is_some() {
+                if daily.is_some() || monthly.is_some() || max_in_flight.is_some() {
                     return Err(AdminCliError::Usage(
-                        "--daily/--monthly apply to the tenant, not to a route override".into(),
+                        "--daily/--monthly/--max-in-flight apply to the tenant, not to a route override"
+                            .into(),
                     ));
                 }
                 body.insert("route".into(), route.into());
@@ -366,14 +376,18 @@ async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
                     .call(Method::GET, &format!("/tenants/{tenant}/quota"), None)
                     .await?
             } else {
-                for (field, value) in [("daily_quota", daily), ("monthly_quota", monthly)] {
+                for (field, value) in [
+                    ("daily_quota", daily),
+                    ("monthly_quota", monthly),
+                    ("max_in_flight", max_in_flight),
+                ] {
                     if let Some(value) = value {
                         body.insert(field.into(), quota_value(field, &value)?);
                     }
                 }
                 if body.is_empty() {
                     return Err(AdminCliError::Usage(
-                        "nothing to set: give --rate, --per, --burst, --daily or --monthly".into(),
+                        "nothing to set: give --rate, --per, --burst, --daily, --monthly or --max-in-flight".into(),
                     ));
                 }
                 let path = format!("/tenants/{tenant}/quota");

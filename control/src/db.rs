@@ -94,10 +94,22 @@ pub struct TenantSeed<'a> {
     pub daily_quota: Option<u64>,
     /// Requests per UTC month.
     pub monthly_quota: Option<u64>,
+    /// Requests of this tenant in flight at once (per replica); `None` = unlimited.
+    pub max_in_flight: Option<u64>,
 }
 
-/// `tenants` rows: id, disabled, rate, per (ms), burst, daily and monthly quota.
-pub(crate) type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
+/// `tenants` rows: id, disabled, rate, per (ms), burst, daily and monthly quota,
+/// max in flight.
+pub(crate) type TenantRow = (
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
 /// `route_quotas` rows: tenant id, route prefix, rate, per (ms), burst.
 pub(crate) type RouteQuotaRow = (String, String, i64, i64, i64);
 /// Active `api_keys` rows: key hash, tenant id.
@@ -187,6 +199,7 @@ impl Database {
                         .bind(to_i64(t.burst))
                         .bind(t.daily_quota.map(to_i64))
                         .bind(t.monthly_quota.map(to_i64))
+                        .bind(t.max_in_flight.map(to_i64))
                         .execute(&mut *tx)
                         .await?;
                     for key in &t.api_keys {
@@ -278,24 +291,26 @@ struct UpsertSql {
 }
 
 const SQLITE_UPSERT: UpsertSql = UpsertSql {
-    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
          ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
-         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, \
+         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, max_in_flight = excluded.max_in_flight, \
          updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
     key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = ?1",
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES (?1, ?2, ?3)",
 };
 
 const POSTGRES_UPSERT: UpsertSql = UpsertSql {
-    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota) VALUES ($1, $2, $3, $4, $5, $6) \
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7) \
          ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
-         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, updated_at = now()",
+         daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, max_in_flight = excluded.max_in_flight, \
+         updated_at = now()",
     key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = $1",
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)",
 };
 
 const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
-     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), CAST(monthly_quota AS BIGINT) FROM tenants";
+     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), CAST(monthly_quota AS BIGINT), \
+     CAST(max_in_flight AS BIGINT) FROM tenants";
 const KEYS_SQL: &str = "SELECT key_hash, tenant_id FROM api_keys WHERE revoked_at IS NULL";
 const ROUTE_QUOTAS_SQL: &str =
     "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), CAST(per_ms AS BIGINT), \

@@ -46,7 +46,9 @@ mod quota;
 mod quota_admin;
 
 pub use db::{Database, DbError, TenantSeed};
-pub use directory::{build_policy, Directory, Snapshot, Tenant, REFRESH_INTERVAL};
+pub use directory::{
+    build_policy, Directory, Snapshot, Tenant, MAX_TENANT_IN_FLIGHT, REFRESH_INTERVAL,
+};
 
 /// Environment variable holding the admin API's bearer token (read by the gateway's
 /// configuration and by the `portcullis admin` CLI).

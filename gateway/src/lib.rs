@@ -297,6 +297,7 @@ fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed<'_>> {
             burst: t.bucket.burst,
             daily_quota: t.daily_quota,
             monthly_quota: t.monthly_quota,
+            max_in_flight: t.max_in_flight,
         })
         .collect()
 }

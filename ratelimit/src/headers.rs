@@ -71,16 +71,36 @@ pub fn write_headers(
         HeaderValue::from(unix_now.as_secs().saturating_add(reset_secs)),
     );
     headers.insert(RATELIMIT_POLICY, policy.header_value_at(unix_now).clone());
-    let field = match decision.t_secs() {
-        Some(t) => format!("\"{}\";r={};t={t}", policy.name(), decision.remaining),
-        None => format!("\"{}\";r={}", policy.name(), decision.remaining),
-    };
-    if let Ok(value) = HeaderValue::from_str(&field) {
+    if let Some(value) = ratelimit_field(policy.name(), decision.remaining, decision.t_secs()) {
         headers.insert(RATELIMIT, value);
     }
     if decision.blocks() {
         headers.insert(RETRY_AFTER, HeaderValue::from(decision.retry_after_secs()));
     }
+}
+
+/// The `RateLimit` field value of one policy, `"name";r=R;t=T` (`t` omitted when `None`),
+/// draft-ietf-httpapi-ratelimit-headers-10 §4.1. The one formatter of this field: the
+/// limiter's decisions and other limits that speak the draft (the gateway's concurrency
+/// limit) go through it. `None` only for a name that is not header-safe.
+pub fn ratelimit_field(name: &str, remaining: u64, t_secs: Option<u64>) -> Option<HeaderValue> {
+    let field = match t_secs {
+        Some(t) => format!("\"{name}\";r={remaining};t={t}"),
+        None => format!("\"{name}\";r={remaining}"),
+    };
+    HeaderValue::from_str(&field).ok()
+}
+
+/// The `RateLimit-Policy` field value of one policy, `"name";q=Q;w=W` (`w` omitted when
+/// `None`: a limit with no time window, such as a concurrency limit), draft §3.1. The one
+/// formatter of this field (see [`ratelimit_field`]). `None` only for a name that is not
+/// header-safe.
+pub fn policy_field(name: &str, quota: u64, window_secs: Option<u64>) -> Option<HeaderValue> {
+    let field = match window_secs {
+        Some(w) => format!("\"{name}\";q={quota};w={w}"),
+        None => format!("\"{name}\";q={quota}"),
+    };
+    HeaderValue::from_str(&field).ok()
 }
 
 /// Writes the headers for the decision of `verdict` that should be reported (see

@@ -441,8 +441,8 @@ fn valid_name(name: String) -> Result<String, PolicyError> {
 
 /// `"name";q=LIMIT;w=WINDOW_SECS` for a calendar quota.
 fn quota_header(name: &str, limit: u64, window_secs: u64) -> HeaderValue {
-    let value = format!("\"{name}\";q={limit};w={window_secs}");
-    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("\"policy\""))
+    crate::headers::policy_field(name, limit, Some(window_secs))
+        .unwrap_or_else(|| HeaderValue::from_static("\"policy\""))
 }
 
 /// `"name";q=Q;w=W` (draft-ietf-httpapi-ratelimit-headers-10 §3.1).
@@ -459,9 +459,10 @@ fn policy_header(name: &str, rate: u64, per: Duration) -> HeaderValue {
         let w = per_nanos.div_ceil(1_000_000_000);
         (u128::from(rate) * w * 1_000_000_000 / per_nanos, w)
     };
-    let value = format!("\"{name}\";q={q};w={w}");
+    let saturate = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
     // The name is validated to a header-safe alphabet, so this cannot fail.
-    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("\"policy\""))
+    crate::headers::policy_field(name, saturate(q), Some(saturate(w)))
+        .unwrap_or_else(|| HeaderValue::from_static("\"policy\""))
 }
 
 #[cfg(test)]

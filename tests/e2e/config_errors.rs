@@ -42,6 +42,27 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
             "server.max_in_flight",
         ),
         (
+            "[server]\ncritical_reserve = 1.0\n".into(),
+            "server.critical_reserve",
+        ),
+        (
+            format!(
+                "{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\npriority = \"high\"\n"
+            ),
+            "routes[0].priority",
+        ),
+        (
+            format!(
+                "{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\nmax_in_flight = 0\n"
+            ),
+            "routes[0].max_in_flight",
+        ),
+        (
+            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_in_flight = 0\n"
+                .into(),
+            "tenants[0].max_in_flight",
+        ),
+        (
             "[server]\nlisten_addr = \"127.0.0.1:1\"\n".into(),
             "server.listen_addr",
         ),

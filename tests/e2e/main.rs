@@ -32,6 +32,8 @@ mod idempotency_shared;
 mod idempotency_postgres_pool;
 // Rate limiting: burst then 429, headers (draft t, violated-policies), cost, isolation, shadow, load shedding.
 mod ratelimit_headers;
+// Concurrency limits: tenant and per-route max_in_flight (429 concurrency-limited), priority shedding of normal routes first.
+mod concurrency;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;
 // Batched rate limiting: 3 replicas leasing a global ceiling from Redis within the overshoot; leases returned on shutdown.

@@ -15,6 +15,7 @@ use super::store::{Limits, RouteQuota, RouteQuotaView, TenantPatch, TenantView};
 use super::validate::{Fields, MAX_PER, MAX_QUOTA, MAX_RATE};
 use super::{Actor, AdminState};
 use crate::quota::Period;
+use crate::MAX_TENANT_IN_FLIGHT;
 
 /// Bucket period when `per` is not given on creation.
 pub(crate) const DEFAULT_PER: Duration = Duration::from_secs(1);
@@ -29,6 +30,7 @@ struct QuotaView {
     burst: u64,
     daily_quota: Option<u64>,
     monthly_quota: Option<u64>,
+    max_in_flight: Option<u64>,
     route_quotas: Vec<RouteQuotaView>,
 }
 
@@ -41,12 +43,14 @@ impl From<TenantView> for QuotaView {
             burst: t.burst,
             daily_quota: t.daily_quota,
             monthly_quota: t.monthly_quota,
+            max_in_flight: t.max_in_flight,
             route_quotas: t.route_quotas,
         }
     }
 }
 
-/// Reads `rate` and `burst` (required), `per` (default 1 s) and the optional period quotas.
+/// Reads `rate` and `burst` (required), `per` (default 1 s), the optional period quotas and
+/// the optional concurrency limit `max_in_flight`.
 pub(super) fn read_limits(fields: &mut Fields) -> Option<Limits> {
     let rate = fields.u64("rate", 1, MAX_RATE, true);
     let per = if fields.has("per") {
@@ -57,12 +61,16 @@ pub(super) fn read_limits(fields: &mut Fields) -> Option<Limits> {
     let burst = fields.u64("burst", 1, MAX_RATE, true);
     let daily_quota = fields.patch_u64("daily_quota", 1, MAX_QUOTA).flatten();
     let monthly_quota = fields.patch_u64("monthly_quota", 1, MAX_QUOTA).flatten();
+    let max_in_flight = fields
+        .patch_u64("max_in_flight", 1, MAX_TENANT_IN_FLIGHT)
+        .flatten();
     Some(Limits {
         rate: rate?,
         per: per?,
         burst: burst?,
         daily_quota,
         monthly_quota,
+        max_in_flight,
     })
 }
 
@@ -73,6 +81,7 @@ pub(super) fn read_limits_patch(fields: &mut Fields, patch: &mut TenantPatch) {
     patch.burst = fields.u64("burst", 1, MAX_RATE, false);
     patch.daily_quota = fields.patch_u64("daily_quota", 1, MAX_QUOTA);
     patch.monthly_quota = fields.patch_u64("monthly_quota", 1, MAX_QUOTA);
+    patch.max_in_flight = fields.patch_u64("max_in_flight", 1, MAX_TENANT_IN_FLIGHT);
 }
 
 /// `GET /tenants/{id}/quota`.
@@ -85,7 +94,7 @@ pub(super) async fn get(
 }
 
 /// `PATCH /tenants/{id}/quota`: any of `rate`, `per`, `burst`, `daily_quota`,
-/// `monthly_quota` (`null` removes a period quota).
+/// `monthly_quota`, `max_in_flight` (`null` removes a period quota or the concurrency limit).
 pub(super) async fn update(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,

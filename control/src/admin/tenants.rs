@@ -12,7 +12,8 @@ use super::store::{NewTenant, TenantPatch, DEFAULT_PAGE, MAX_PAGE};
 use super::validate::{self, Fields};
 use super::{Actor, AdminState, BASE};
 
-/// `POST /tenants`: `{id, name?, rate, per?, burst, daily_quota?, monthly_quota?}` → 201.
+/// `POST /tenants`: `{id, name?, rate, per?, burst, daily_quota?, monthly_quota?,
+/// max_in_flight?}` → 201.
 pub(super) async fn create(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,
@@ -81,7 +82,7 @@ pub(super) async fn get(
 }
 
 /// `PATCH /tenants/{id}`: any of `name`, `disabled`, `rate`, `per`, `burst`, `daily_quota`,
-/// `monthly_quota` (`null` clears a period quota).
+/// `monthly_quota`, `max_in_flight` (`null` clears a period quota or the concurrency limit).
 pub(super) async fn update(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,

@@ -218,6 +218,58 @@ async fn invalid_input_is_422_naming_every_field() {
 }
 
 #[tokio::test]
+async fn max_in_flight_is_validated_set_cleared_and_shown_in_the_quota() {
+    let (app, _dir) = app().await;
+    let tenants = "/admin/v1/tenants";
+    for (value, reason) in [
+        (json!(0), "must be ≥ 1"),
+        (json!(100_001), "must be ≤ 100000"),
+        (json!("2"), "integer"),
+    ] {
+        let body = json!({"id": "acme", "rate": 1, "burst": 1, "max_in_flight": value});
+        let (status, problem) = call(&app, Method::POST, tenants, Some(body)).await;
+        assert_eq!(status, 422, "{value}");
+        assert_eq!(problem["errors"][0]["field"], "max_in_flight");
+        let said = problem["errors"][0]["reason"].as_str().unwrap();
+        assert!(said.contains(reason), "{value}: {said}");
+    }
+    let body = json!({"id": "acme", "rate": 1, "burst": 1, "max_in_flight": 2});
+    let (status, created) = call(&app, Method::POST, tenants, Some(body)).await;
+    assert_eq!(status, 201);
+    assert_eq!(created["max_in_flight"], 2);
+
+    let quota = "/admin/v1/tenants/acme/quota";
+    let (status, view) = call(
+        &app,
+        Method::PATCH,
+        quota,
+        Some(json!({"max_in_flight": 7})),
+    )
+    .await;
+    assert_eq!(
+        (status, &view["max_in_flight"]),
+        (StatusCode::OK, &json!(7))
+    );
+    let (_, problem) = call(
+        &app,
+        Method::PATCH,
+        quota,
+        Some(json!({"max_in_flight": -1})),
+    )
+    .await;
+    assert_eq!(problem["errors"][0]["field"], "max_in_flight");
+    let (_, view) = call(&app, Method::GET, quota, None).await;
+    assert_eq!(view["max_in_flight"], 7, "a refused patch changes nothing");
+
+    let cleared = json!({"max_in_flight": null});
+    let (status, tenant) = call(&app, Method::PATCH, "/admin/v1/tenants/acme", Some(cleared)).await;
+    assert_eq!(
+        (status, &tenant["max_in_flight"]),
+        (StatusCode::OK, &json!(null))
+    );
+}
+
+#[tokio::test]
 async fn framework_rejections_become_problems() {
     let (app, _dir) = app().await;
     let (status, problem) = call(&app, Method::PUT, "/admin/v1/tenants", None).await;

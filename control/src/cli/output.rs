@@ -67,6 +67,7 @@ pub(super) fn print_tenants(tenants: &[Value]) {
                 text(&t["burst"]),
                 text(&t["daily_quota"]),
                 text(&t["monthly_quota"]),
+                text(&t["max_in_flight"]),
                 t["route_quotas"].as_array().map_or(0, Vec::len).to_string(),
             ]
         })
@@ -81,6 +82,7 @@ pub(super) fn print_tenants(tenants: &[Value]) {
             "BURST",
             "DAILY",
             "MONTHLY",
+            "MAX IN FLIGHT",
             "ROUTE OVERRIDES",
         ],
         rows,
@@ -111,6 +113,7 @@ pub(super) fn print_quota(quota: &Value) {
         text(&quota["burst"]),
         text(&quota["daily_quota"]),
         text(&quota["monthly_quota"]),
+        text(&quota["max_in_flight"]),
     ]];
     for r in quota["route_quotas"].as_array().into_iter().flatten() {
         rows.push(vec![
@@ -120,10 +123,22 @@ pub(super) fn print_quota(quota: &Value) {
             text(&r["burst"]),
             "".into(),
             "".into(),
+            "".into(),
         ]);
     }
     println!("Tenant {}", text(&quota["tenant"]));
-    print_table(&["ROUTE", "RATE", "PER", "BURST", "DAILY", "MONTHLY"], rows);
+    print_table(
+        &[
+            "ROUTE",
+            "RATE",
+            "PER",
+            "BURST",
+            "DAILY",
+            "MONTHLY",
+            "MAX IN FLIGHT",
+        ],
+        rows,
+    );
 }
 
 pub(super) fn print_upstreams(list: &Value) {

@@ -39,6 +39,14 @@ pub struct Tenant {
     pub route_policies: HashMap<String, (LimitKey, Arc<Policy>)>,
     /// The daily and monthly request quotas as calendar policies, with their keys.
     pub period_policies: Vec<(Period, LimitKey, Arc<Policy>)>,
+    /// At most this many requests of the tenant in flight at once on this replica
+    /// (`max_in_flight`, Stripe's concurrent-requests limiter); `None` = unlimited.
+    pub max_in_flight: Option<u64>,
+    /// Requests of this tenant in flight on this replica now. Carried across snapshot
+    /// reloads like `rate_limited`, so a reload neither forgets requests still running nor
+    /// lets a burst in beside them; the request path increments it on the tenant it already
+    /// holds (no map, no lock).
+    in_flight: Arc<AtomicU64>,
     /// Rate-limit rejections (429) of this tenant by this replica. Shared with the same
     /// tenant in later snapshots, so a reload does not reset it; counting is one relaxed
     /// atomic add on a tenant the request already holds (no map, no lock).
@@ -55,7 +63,7 @@ impl Tenant {
         routes: &[&(String, String, i64, i64, i64)],
         previous: Option<&Tenant>,
     ) -> Self {
-        let (id, disabled, rate, per_ms, burst, daily_quota, monthly_quota) = row;
+        let (id, disabled, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) = row;
         let id = id.as_str();
         let policy = stored_policy("tenant", *rate, *per_ms, *burst, id);
         let route_policies = routes
@@ -88,6 +96,12 @@ impl Tenant {
             key: LimitKey::tenant(id),
             route_policies,
             period_policies,
+            // The database's constraint keeps it in 1..=MAX_TENANT_IN_FLIGHT; anything else
+            // (a hand-edited row) leaves the tenant unlimited rather than unable to call.
+            max_in_flight: max_in_flight
+                .and_then(|n| u64::try_from(n).ok())
+                .filter(|n| (1..=MAX_TENANT_IN_FLIGHT).contains(n)),
+            in_flight: previous.map_or_else(Arc::default, |t| t.in_flight.clone()),
             rate_limited: previous.map_or_else(Arc::default, |t| t.rate_limited.clone()),
         }
     }
@@ -98,11 +112,21 @@ impl Tenant {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The tenant's in-flight counter on this replica (see `max_in_flight`): the gateway's
+    /// concurrency limiter increments it on admission and its permit decrements it.
+    pub fn in_flight(&self) -> &Arc<AtomicU64> {
+        &self.in_flight
+    }
+
     /// Rate-limit rejections of this tenant by this replica since it started.
     pub fn rate_limited_total(&self) -> u64 {
         self.rate_limited.load(Ordering::Relaxed)
     }
 }
+
+/// Largest per-tenant `max_in_flight` (the database, the admin API and the configuration
+/// file all accept 1..=this).
+pub const MAX_TENANT_IN_FLIGHT: u64 = 100_000;
 
 /// A policy from stored columns (the database's constraints keep them positive; anything
 /// else is clamped to 1 and left to the limiter's validation).

@@ -105,6 +105,7 @@ mod tests {
                 burst,
                 daily_quota: None,
                 monthly_quota: None,
+                max_in_flight: None,
             },
         };
         store.create_tenant("t", &tenant(1)).await.unwrap();

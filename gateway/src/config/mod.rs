@@ -119,6 +119,9 @@ pub struct ServerSettings {
     pub max_header_bytes: usize,
     /// Load-shedding cap.
     pub max_in_flight: usize,
+    /// Share of the cap only critical routes may use; not held back when no route is
+    /// critical (`pipeline::shed`).
+    pub critical_reserve: f64,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Graceful shutdown bound.
@@ -236,6 +239,8 @@ pub struct TenantSettings {
     pub daily_quota: Option<u64>,
     /// Requests per UTC month.
     pub monthly_quota: Option<u64>,
+    /// Requests in flight at once (per replica).
+    pub max_in_flight: Option<u64>,
 }
 
 /// A validated upstream.
@@ -331,6 +336,20 @@ pub struct RouteSettings {
     pub retry: Arc<RetryPolicy>,
     /// Idempotency, when enabled.
     pub idempotency: Option<IdempotencySettings>,
+    /// Requests of one caller in flight at once on this route.
+    pub max_in_flight: Option<u32>,
+    /// Whether the route may use the critical reserve of `server.max_in_flight`.
+    pub priority: Priority,
+}
+
+/// A route's load-shedding priority (`priority` on a route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Shed once the normal share of `server.max_in_flight` is in flight.
+    #[default]
+    Normal,
+    /// Shed only at `server.max_in_flight` itself.
+    Critical,
 }
 
 /// Validated `[demo]`.

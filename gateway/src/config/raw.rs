@@ -18,6 +18,8 @@ pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default global in-flight cap before load shedding.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default share of `server.max_in_flight` kept for `priority = "critical"` routes.
+pub const DEFAULT_CRITICAL_RESERVE: f64 = 0.1;
 /// Default time in-flight requests get to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: HumanDuration = HumanDuration::secs(30);
 /// Default time a client has to send its request head (slowloris defence).
@@ -76,6 +78,9 @@ pub struct RawServer {
     pub max_header_bytes: usize,
     /// Global concurrent-request cap; above it → 503 + Retry-After at once.
     pub max_in_flight: usize,
+    /// Share of `max_in_flight` (0.0..=0.9) only `priority = "critical"` routes may use:
+    /// other requests are shed once `max_in_flight × (1 − critical_reserve)` are in flight.
+    pub critical_reserve: f64,
     /// CIDRs whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<String>,
     /// Bound on graceful shutdown.
@@ -112,6 +117,7 @@ impl Default for RawServer {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            critical_reserve: DEFAULT_CRITICAL_RESERVE,
             trusted_proxies: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
@@ -227,6 +233,9 @@ pub struct RawTenant {
     /// Requests allowed per UTC calendar month.
     #[serde(default)]
     pub monthly_quota: Option<u64>,
+    /// Requests of this tenant in flight at once (per replica); over it → 429.
+    #[serde(default)]
+    pub max_in_flight: Option<u64>,
 }
 
 /// `[[upstreams]]`.
@@ -440,6 +449,14 @@ pub struct RawRoute {
     /// Idempotency-Key handling.
     #[serde(default)]
     pub idempotency: Option<RawIdempotency>,
+    /// Requests of one caller (tenant, else client address) in flight at once on this
+    /// route; over it → 429.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// `"normal"` (default) or `"critical"`: critical routes may use the share of
+    /// `server.max_in_flight` kept by `server.critical_reserve`.
+    #[serde(default)]
+    pub priority: Option<String>,
     /// Hedged first attempts for idempotent requests.
     #[serde(default)]
     pub hedge: Option<RawHedge>,

@@ -131,6 +131,21 @@ fn cross_references_and_formats_are_checked() {
             "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nidempotency = { max_key_length = 300 }",
             "routes[0].idempotency.max_key_length",
         ),
+        ("[server]\ncritical_reserve = 0.95", "server.critical_reserve"),
+        ("[server]\ncritical_reserve = -0.1", "server.critical_reserve"),
+        ("[server]\ncritical_reserve = nan", "server.critical_reserve"),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nmax_in_flight = 0",
+            "routes[0].max_in_flight",
+        ),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\npriority = \"urgent\"",
+            "routes[0].priority",
+        ),
+        (
+            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_in_flight = 100001",
+            "tenants[0].max_in_flight",
+        ),
     ];
     let base = "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n";
     for (snippet, path) in cases {

@@ -11,6 +11,10 @@ use super::*;
 
 /// Seed 002 R-6: idempotency records are kept at least this long.
 pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Largest `server.critical_reserve`: normal requests always keep a tenth of the cap.
+pub const MAX_CRITICAL_RESERVE: f64 = 0.9;
+/// Largest per-caller `routes[].max_in_flight` (the global cap's own ceiling).
+pub const MAX_ROUTE_IN_FLIGHT: u32 = 1_000_000;
 
 pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigError> {
     let mut issues = Issues::default();
@@ -117,6 +121,16 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         1 << 20,
     );
     issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
+    // Written out rather than `range`, which a NaN would pass.
+    if !(0.0..=MAX_CRITICAL_RESERVE).contains(&raw.critical_reserve) {
+        issues.push(
+            "server.critical_reserve",
+            format!(
+                "= {}: allowed 0.0..={MAX_CRITICAL_RESERVE}",
+                raw.critical_reserve
+            ),
+        );
+    }
     issues.range("server.max_connections", raw.max_connections, 1, 1_000_000);
     issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
     issues.duration_range(
@@ -175,6 +189,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         max_body_bytes: raw.max_body_bytes,
         max_header_bytes: raw.max_header_bytes,
         max_in_flight: raw.max_in_flight,
+        critical_reserve: raw.critical_reserve,
         trusted_proxies,
         shutdown_grace: raw.shutdown_grace.get(),
         header_read_timeout: raw.header_read_timeout.get(),
@@ -364,12 +379,17 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                     issues.range(format!("{path}.{name}"), q, 1, i64::MAX as u64);
                 }
             }
+            if let Some(n) = t.max_in_flight {
+                let max = portcullis_control::MAX_TENANT_IN_FLIGHT;
+                issues.range(format!("{path}.max_in_flight"), n, 1, max);
+            }
             TenantSettings {
                 id: t.id.clone(),
                 api_keys: t.api_keys.iter().map(|k| Secret::new(k)).collect(),
                 bucket,
                 daily_quota: t.daily_quota,
                 monthly_quota: t.monthly_quota,
+                max_in_flight: t.max_in_flight,
             }
         })
         .collect()
@@ -426,6 +446,20 @@ fn routes(
                     0
                 });
             issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
+            if let Some(n) = r.max_in_flight {
+                issues.range(format!("{path}.max_in_flight"), n, 1, MAX_ROUTE_IN_FLIGHT);
+            }
+            let priority = match r.priority.as_deref() {
+                None | Some("normal") => Priority::Normal,
+                Some("critical") => Priority::Critical,
+                Some(other) => {
+                    issues.push(
+                        format!("{path}.priority"),
+                        format!("= {other:?}: allowed \"normal\" or \"critical\""),
+                    );
+                    Priority::Normal
+                }
+            };
             let retry = Arc::new(with_hedge(
                 &format!("{path}.hedge"),
                 route_retry(
@@ -453,6 +487,8 @@ fn routes(
                 strip_prefix: r.strip_prefix,
                 retry,
                 idempotency,
+                max_in_flight: r.max_in_flight,
+                priority,
             }
         })
         .collect()

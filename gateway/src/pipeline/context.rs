@@ -122,3 +122,58 @@ impl Step for Resolve {
         Ok(metrics)
     }
 }
+
+/// Request contexts for the unit tests of the layers that read them.
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::collections::HashMap;
+    use std::net::IpAddr;
+    use std::sync::Arc;
+
+    use super::RequestContext;
+    use crate::config::{Config, Priority};
+    use crate::pipeline::router::RouteTable;
+    use crate::pipeline::tenant::Caller;
+    use crate::upstream::forwarded::Client;
+
+    /// A context on the route of `config` (TOML) that `path` matches, for `caller` at `ip`.
+    pub(crate) fn context_on(
+        config: &str,
+        path: &str,
+        caller: Caller,
+        ip: IpAddr,
+    ) -> Arc<RequestContext> {
+        let config = Config::parse(config, &HashMap::<String, String>::new()).unwrap();
+        let (_, dependencies) = crate::upstreams(&config);
+        let table = RouteTable::new(&config.routes, &dependencies);
+        let route = table.find(path).unwrap().clone();
+        let client = Client {
+            ip,
+            peer: ip,
+            peer_trusted: false,
+        };
+        Arc::new(RequestContext {
+            route,
+            caller,
+            client,
+        })
+    }
+
+    /// An anonymous caller's context on a route of `priority`.
+    pub(crate) fn context_for(priority: Priority) -> Arc<RequestContext> {
+        let priority = match priority {
+            Priority::Normal => "normal",
+            Priority::Critical => "critical",
+        };
+        let config = format!(
+            "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
+             [[routes]]\nprefix = \"/\"\nupstream = \"u\"\npriority = \"{priority}\"\n"
+        );
+        context_on(
+            &config,
+            "/",
+            Caller::Anonymous,
+            IpAddr::from([127, 0, 0, 1]),
+        )
+    }
+}

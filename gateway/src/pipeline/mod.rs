@@ -8,8 +8,10 @@
 //! gateway's own small layers (here and in [`crate::edge`]) are `step::Step`s, made tower layers
 //! by the one generic `step::StepLayer`.
 
+pub(crate) mod concurrency;
 pub mod context;
 pub mod idempotency;
+pub(crate) mod in_flight;
 pub mod jwt;
 pub mod metrics;
 pub mod ratelimit;

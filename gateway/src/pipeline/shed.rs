@@ -1,35 +1,82 @@
 //! Load shedding: over the global in-flight cap, answer 503 + `Retry-After` at once rather
 //! than queue. The permit is held by the response body, so a slow download still counts as
 //! in flight until its last byte.
+//!
+//! # Priority
+//!
+//! Routes marked `priority = "critical"` keep a reserved share of `server.max_in_flight`
+//! (`server.critical_reserve`, default 0.1): other requests are shed once
+//! `max_in_flight − ⌊max_in_flight × critical_reserve⌋` are in flight, critical ones only at
+//! `max_in_flight`. Both count on the one counter, so the cap itself is never exceeded and
+//! critical traffic may use the whole of it. When no route is critical nothing is held back:
+//! a reserve nobody can use would only shed normal traffic early. Envoy's overload manager
+//! and Netflix's concurrency limiter partition the same way (lower priorities shed first).
+//!
+//! Admission is one compare-and-swap on a shared counter ([`CountPermit`]): cheaper than a
+//! semaphore's permit bookkeeping, and the two thresholds are just two limits on it.
 
-use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::{Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::Priority;
+use crate::pipeline::context::RequestContext;
+use crate::pipeline::in_flight::{hold_until_body_ends, CountPermit};
 use crate::pipeline::step::{Finish, Step};
 use portcullis_problem::Problem;
 
 /// What a shed client is told to wait: long enough to spread a herd, short enough to be useful.
 pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Caps concurrent requests (a [`Step`]; clones share the cap).
+/// Caps concurrent requests (a [`Step`]; clones share the cap). Runs after the request
+/// context is resolved, to read the route's priority.
 #[derive(Debug, Clone)]
 pub(crate) struct LoadShed {
-    permits: Arc<Semaphore>,
+    in_flight: Arc<AtomicU64>,
+    caps: Caps,
+}
+
+/// The two admission thresholds on the one in-flight counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// Normal-priority requests are admitted while fewer than this are in flight.
+    pub(crate) normal: u64,
+    /// Critical requests are admitted while fewer than this (`max_in_flight`) are.
+    pub(crate) critical: u64,
+}
+
+impl Caps {
+    /// The thresholds for `max_in_flight` with `reserve` of it kept for critical routes
+    /// (`any_critical = false`: nothing is kept). The reserve is rounded down to whole
+    /// requests (a cap of 1 reserves nothing, so normal traffic is never refused outright);
+    /// the 1e-9 absorbs a product such as `100 × 0.29 = 28.999…` that is meant whole.
+    pub(crate) fn new(max_in_flight: usize, reserve: f64, any_critical: bool) -> Self {
+        let critical = u64::try_from(max_in_flight).unwrap_or(u64::MAX);
+        let reserve = if any_critical {
+            reserve.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        // Truncation is the rounding down intended; the value is within 0..=critical.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let reserved = ((critical as f64) * reserve + 1e-9).floor() as u64;
+        Self {
+            normal: critical.saturating_sub(reserved.min(critical)),
+            critical,
+        }
+    }
 }
 
 impl LoadShed {
-    /// At most `max_in_flight` requests at once.
-    pub(crate) fn new(max_in_flight: usize) -> Self {
+    /// At most `max_in_flight` requests at once, the last `critical_reserve` share of them
+    /// for critical routes when `any_critical`.
+    pub(crate) fn new(max_in_flight: usize, critical_reserve: f64, any_critical: bool) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(max_in_flight)),
+            in_flight: Arc::default(),
+            caps: Caps::new(max_in_flight, critical_reserve, any_critical),
         }
     }
 }
@@ -37,8 +84,15 @@ impl LoadShed {
 impl Step for LoadShed {
     type Finish = InFlight;
 
-    fn step(&self, _request: &mut Request<Body>) -> Result<InFlight, Response<Body>> {
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+    fn step(&self, request: &mut Request<Body>) -> Result<InFlight, Response<Body>> {
+        let critical = RequestContext::of(request.extensions())
+            .is_some_and(|context| context.route.settings.priority == Priority::Critical);
+        let cap = if critical {
+            self.caps.critical
+        } else {
+            self.caps.normal
+        };
+        let Some(permit) = CountPermit::try_acquire(&self.in_flight, cap) else {
             metrics::counter!("load_shed_total").increment(1);
             return Err(Problem::overloaded(SHED_RETRY_AFTER).into_response());
         };
@@ -47,42 +101,12 @@ impl Step for LoadShed {
 }
 
 /// The permit of a request let through; handed on to its response body.
-pub(crate) struct InFlight(OwnedSemaphorePermit);
+#[derive(Debug)]
+pub(crate) struct InFlight(CountPermit);
 
 impl Finish for InFlight {
     fn finish(self, response: Response<Body>) -> Response<Body> {
-        response.map(|body| {
-            Body::new(PermitBody {
-                inner: body,
-                _permit: self.0,
-            })
-        })
-    }
-}
-
-/// A body that keeps an in-flight permit until it is dropped.
-struct PermitBody {
-    inner: Body,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl http_body::Body for PermitBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        hold_until_body_ends(response, self.0)
     }
 }
 
@@ -94,7 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_over_the_cap_and_releases_with_the_body() {
-        let layer = StepLayer::new(LoadShed::new(1));
+        let layer = StepLayer::new(LoadShed::new(1, 0.1, true));
         let service = layer.layer(tower::service_fn(|_req: Request<Body>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Body::from("hello")))
         }));
@@ -113,5 +137,50 @@ mod tests {
         drop(held);
         let ok = service.oneshot(Request::new(Body::empty())).await.unwrap();
         assert_eq!(ok.status(), 200);
+    }
+
+    #[test]
+    fn the_reserve_is_whole_requests_rounded_down() {
+        let caps = |max, reserve, any| {
+            let c = Caps::new(max, reserve, any);
+            (c.normal, c.critical)
+        };
+        assert_eq!(caps(10_000, 0.1, true), (9_000, 10_000));
+        assert_eq!(caps(10, 0.1, true), (9, 10));
+        assert_eq!(caps(100, 0.29, true), (71, 100), "28.999… is 29");
+        assert_eq!(caps(5, 0.5, true), (3, 5), "2.5 reserves 2");
+        assert_eq!(caps(1, 0.1, true), (1, 1), "a cap of 1 reserves nothing");
+        assert_eq!(caps(10, 0.9, true), (1, 10));
+        assert_eq!(caps(10, 0.0, true), (10, 10));
+        assert_eq!(
+            caps(10, 0.5, false),
+            (10, 10),
+            "no critical route, no reserve"
+        );
+    }
+
+    #[tokio::test]
+    async fn critical_routes_use_the_reserve_normal_ones_are_shed_first() {
+        use crate::pipeline::context::tests::context_for;
+        let shed = LoadShed::new(2, 0.5, true);
+        let request = |priority| {
+            let mut request = Request::new(Body::empty());
+            request.extensions_mut().insert(context_for(priority));
+            request
+        };
+        let normal = shed.step(&mut request(Priority::Normal)).unwrap();
+        let refused = shed.step(&mut request(Priority::Normal)).unwrap_err();
+        assert_eq!(refused.status(), 503);
+        let critical = shed.step(&mut request(Priority::Critical)).unwrap();
+        assert_eq!(
+            shed.step(&mut request(Priority::Critical))
+                .unwrap_err()
+                .status(),
+            503,
+            "the cap itself holds for critical requests"
+        );
+        drop((normal, critical));
+        let again = shed.step(&mut request(Priority::Normal));
+        assert!(again.is_ok(), "dropped permits come back");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tower::util::BoxCloneService;
 use tower::ServiceBuilder;
 
-use crate::config::Config;
+use crate::config::{Config, Priority};
 use crate::edge::framing::Smuggling;
 use crate::edge::grpc::GrpcAnswers;
 use crate::edge::limits::Limits;
@@ -16,6 +16,7 @@ use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
+use crate::pipeline::concurrency::Concurrency;
 use crate::pipeline::context::{RequestContext, Resolve};
 use crate::pipeline::jwt::{JwtAuth, JwtKeysLayer};
 use crate::pipeline::metrics::Observe;
@@ -95,7 +96,15 @@ where
             )
             .with_jwt(jwt),
         )) // bearer JWT → tenant (bad token → 401); longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
-        .layer(StepLayer::new(LoadShed::new(config.server.max_in_flight))) // over the cap → 503 at once
+        .layer(StepLayer::new(LoadShed::new(
+            config.server.max_in_flight,
+            config.server.critical_reserve,
+            config
+                .routes
+                .iter()
+                .any(|r| r.priority == Priority::Critical),
+        ))) // over the cap → 503 at once; normal routes already at the cap less the critical reserve
+        .layer(StepLayer::new(Concurrency::new(&config.routes))) // tenant / per-caller route max_in_flight → 429 concurrency-limited at once, before any rate-limit token is spent
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),

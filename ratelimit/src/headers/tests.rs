@@ -256,3 +256,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn field_formatters_follow_the_draft_with_and_without_a_window() {
+    assert_eq!(
+        super::policy_field("concurrency", 2, None).unwrap(),
+        "\"concurrency\";q=2"
+    );
+    assert_eq!(
+        super::policy_field("tenant", 100, Some(1)).unwrap(),
+        "\"tenant\";q=100;w=1"
+    );
+    assert_eq!(
+        super::ratelimit_field("concurrency", 0, Some(1)).unwrap(),
+        "\"concurrency\";r=0;t=1"
+    );
+    assert_eq!(super::ratelimit_field("ip", 4, None).unwrap(), "\"ip\";r=4");
+    assert!(super::ratelimit_field("bad\nname", 0, None).is_none());
+}

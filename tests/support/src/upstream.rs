@@ -45,6 +45,9 @@ pub enum Step {
     Echo,
     /// One of these steps, picked at random by weight (for fault-injection runs).
     Random(Vec<(u32, Step)>),
+    /// Hold the request until the gate is opened (at most [`MAX_STALL`]), then perform the
+    /// inner step: requests stay in flight for as long as a test needs, without timing.
+    Gated(Gate, Box<Step>),
     /// Answer 200 with a chunked body sent as these chunks, `interval` apart.
     Chunked {
         /// The chunks, in order.
@@ -92,9 +95,41 @@ impl Step {
         Self::respond(status, &[("retry-after", &secs.to_string())], "")
     }
 
+    /// Wait until `gate` opens, then answer `then`.
+    pub fn gated(gate: &Gate, then: Step) -> Self {
+        Self::Gated(gate.clone(), Box::new(then))
+    }
+
     /// Stall for `delay`, then answer `then`.
     pub fn stall(delay: Duration, then: Step) -> Self {
         Self::Stall(delay, Box::new(then))
+    }
+}
+
+/// Holds [`Step::Gated`] requests until [`Gate::open`]; clones share the gate.
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(false).0))
+    }
+
+    /// Lets every held request (and every later one) through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn passed(&self) {
+        let mut open = self.0.subscribe();
+        let _ = tokio::time::timeout(MAX_STALL, open.wait_for(|open| *open)).await;
     }
 }
 
@@ -334,6 +369,10 @@ async fn perform(
                 tokio::time::sleep(delay.min(MAX_STALL)).await;
                 *then
             }
+            Step::Gated(gate, then) => {
+                gate.passed().await;
+                *then
+            }
             Step::Random(choices) => pick(choices),
             other => break other,
         };
@@ -373,7 +412,7 @@ async fn perform(
                 .body(BodyExt::boxed(StreamBody::new(stream)))
         }
         Step::Close => return Err(CloseConnection),
-        Step::Stall(..) | Step::Random(..) => unreachable_stall(),
+        Step::Stall(..) | Step::Gated(..) | Step::Random(..) => unreachable_stall(),
     };
     response.map_err(|_| CloseConnection)
 }
@@ -382,6 +421,7 @@ fn resolve_random(step: Step) -> Step {
     match step {
         Step::Random(choices) => resolve_random(pick(choices)),
         Step::Stall(delay, then) => Step::Stall(delay, Box::new(resolve_random(*then))),
+        Step::Gated(gate, then) => Step::Gated(gate, Box::new(resolve_random(*then))),
         other => other,
     }
 }
@@ -390,7 +430,7 @@ fn answered_status(step: &Step) -> Option<u16> {
     match step {
         Step::Respond { status, .. } => Some(*status),
         Step::Echo | Step::Chunked { .. } => Some(200),
-        Step::Stall(_, then) => answered_status(then),
+        Step::Stall(_, then) | Step::Gated(_, then) => answered_status(then),
         Step::Close | Step::Random(_) => None,
     }
 }

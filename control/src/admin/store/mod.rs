@@ -58,6 +58,8 @@ pub(crate) struct TenantView {
     pub(crate) daily_quota: Option<u64>,
     /// Requests per UTC month, if limited.
     pub(crate) monthly_quota: Option<u64>,
+    /// Requests in flight at once (per replica), if limited.
+    pub(crate) max_in_flight: Option<u64>,
     /// Per-route overrides of the bucket.
     pub(crate) route_quotas: Vec<RouteQuotaView>,
     /// Creation time (RFC 3339, UTC).
@@ -146,6 +148,8 @@ pub(crate) struct Limits {
     pub(crate) daily_quota: Option<u64>,
     /// Requests per UTC month.
     pub(crate) monthly_quota: Option<u64>,
+    /// Requests in flight at once (per replica).
+    pub(crate) max_in_flight: Option<u64>,
 }
 
 /// A tenant to create.
@@ -176,6 +180,8 @@ pub(crate) struct TenantPatch {
     pub(crate) daily_quota: Patch<u64>,
     /// Monthly quota: keep, clear or set.
     pub(crate) monthly_quota: Patch<u64>,
+    /// Concurrency limit: keep, clear or set.
+    pub(crate) max_in_flight: Patch<u64>,
 }
 
 /// A per-route override to set.

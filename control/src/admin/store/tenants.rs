@@ -10,7 +10,8 @@ use crate::admin::error::AdminError;
 use crate::admin::sql::{is_unique_violation, Arg, Tx};
 use crate::admin::validate;
 
-/// `(id, name, disabled, rate, per_ms, burst, daily, monthly, created_at, updated_at)`.
+/// `(id, name, disabled, rate, per_ms, burst, daily, monthly, max_in_flight, created_at,
+/// updated_at)`.
 type TenantRow = (
     String,
     String,
@@ -18,6 +19,7 @@ type TenantRow = (
     i64,
     i64,
     i64,
+    Option<i64>,
     Option<i64>,
     Option<i64>,
     String,
@@ -30,7 +32,7 @@ fn tenant_select(tx: &Tx) -> String {
     format!(
         "SELECT id, name, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
          CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), \
-         CAST(monthly_quota AS BIGINT), {}, {} FROM tenants",
+         CAST(monthly_quota AS BIGINT), CAST(max_in_flight AS BIGINT), {}, {} FROM tenants",
         tx.ts("created_at"),
         tx.ts("updated_at")
     )
@@ -40,7 +42,19 @@ const ROUTES_SELECT: &str = "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT
      CAST(per_ms AS BIGINT), CAST(burst AS BIGINT) FROM route_quotas";
 
 fn view(row: TenantRow, routes: &[RouteRow]) -> TenantView {
-    let (id, name, disabled, rate, per_ms, burst, daily, monthly, created_at, updated_at) = row;
+    let (
+        id,
+        name,
+        disabled,
+        rate,
+        per_ms,
+        burst,
+        daily,
+        monthly,
+        in_flight,
+        created_at,
+        updated_at,
+    ) = row;
     let route_quotas = routes
         .iter()
         .filter(|r| r.0 == id)
@@ -60,6 +74,7 @@ fn view(row: TenantRow, routes: &[RouteRow]) -> TenantView {
         burst: to_u64(burst),
         daily_quota: daily.map(to_u64),
         monthly_quota: monthly.map(to_u64),
+        max_in_flight: in_flight.map(to_u64),
         route_quotas,
         created_at,
         updated_at,
@@ -106,8 +121,8 @@ impl AdminStore {
         let l = &new.limits;
         let inserted = tx
             .execute(
-                "INSERT INTO tenants (id, name, rate, per_ms, burst, daily_quota, monthly_quota) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO tenants (id, name, rate, per_ms, burst, daily_quota, monthly_quota, \
+                 max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 vec![
                     Arg::Text(new.id.clone()),
                     Arg::Text(new.name.clone()),
@@ -116,6 +131,7 @@ impl AdminStore {
                     Arg::I64(to_i64(l.burst)),
                     Arg::OptI64(l.daily_quota.map(to_i64)),
                     Arg::OptI64(l.monthly_quota.map(to_i64)),
+                    Arg::OptI64(l.max_in_flight.map(to_i64)),
                 ],
             )
             .await;
@@ -183,6 +199,7 @@ impl AdminStore {
             burst: patch.burst.unwrap_or(before.burst),
             daily_quota: patch.daily_quota.unwrap_or(before.daily_quota),
             monthly_quota: patch.monthly_quota.unwrap_or(before.monthly_quota),
+            max_in_flight: patch.max_in_flight.unwrap_or(before.max_in_flight),
         };
         self.check_limits(&limits)?;
         let name = patch.name.clone().unwrap_or_else(|| before.name.clone());
@@ -193,13 +210,14 @@ impl AdminStore {
             && limits.per == current_per
             && limits.burst == before.burst
             && limits.daily_quota == before.daily_quota
-            && limits.monthly_quota == before.monthly_quota;
+            && limits.monthly_quota == before.monthly_quota
+            && limits.max_in_flight == before.max_in_flight;
         if unchanged {
             return Ok(before);
         }
         let sql = format!(
             "UPDATE tenants SET name = $2, disabled = $3, rate = $4, per_ms = $5, burst = $6, \
-             daily_quota = $7, monthly_quota = $8, updated_at = {} WHERE id = $1",
+             daily_quota = $7, monthly_quota = $8, max_in_flight = $9, updated_at = {} WHERE id = $1",
             tx.now()
         );
         tx.execute(
@@ -213,6 +231,7 @@ impl AdminStore {
                 Arg::I64(to_i64(limits.burst)),
                 Arg::OptI64(limits.daily_quota.map(to_i64)),
                 Arg::OptI64(limits.monthly_quota.map(to_i64)),
+                Arg::OptI64(limits.max_in_flight.map(to_i64)),
             ],
         )
         .await?;

@@ -86,6 +86,7 @@ fn new_tenant(id: &str, rate: u64, burst: u64) -> NewTenant {
             burst,
             daily_quota: None,
             monthly_quota: Some(1000),
+            max_in_flight: Some(8),
         },
     }
 }
@@ -111,8 +112,12 @@ async fn create_get_list_round_trip(f: Fixture) {
         (10, "1s", 20)
     );
     assert_eq!(
-        (created.daily_quota, created.monthly_quota),
-        (None, Some(1000))
+        (
+            created.daily_quota,
+            created.monthly_quota,
+            created.max_in_flight
+        ),
+        (None, Some(1000), Some(8))
     );
     assert!(created.created_at.ends_with('Z') && created.created_at.contains('T'));
     assert_eq!(f.store.get_tenant("acme").await.unwrap(), created);
@@ -138,6 +143,7 @@ async fn create_get_list_round_trip(f: Fixture) {
             .burst(),
         20
     );
+    assert_eq!(snapshot.by_id("acme").unwrap().max_in_flight, Some(8));
 }
 
 async fn duplicate_id_conflicts_and_writes_nothing(f: Fixture) {
@@ -167,6 +173,7 @@ async fn update_merges_and_audits_before_and_after(f: Fixture) {
         per: Some(Duration::from_millis(1500)),
         daily_quota: Some(Some(100)),
         monthly_quota: Some(None),
+        max_in_flight: Some(Some(3)),
         ..TenantPatch::default()
     };
     let after = f
@@ -177,6 +184,7 @@ async fn update_merges_and_audits_before_and_after(f: Fixture) {
     assert_eq!((after.rate, after.burst), (10, 5), "rate kept, burst set");
     assert_eq!(after.per, "1s 500ms");
     assert_eq!((after.daily_quota, after.monthly_quota), (Some(100), None));
+    assert_eq!(after.max_in_flight, Some(3));
     let entry = &f
         .store
         .audit_log(Some("acme"), 1, None)
@@ -191,6 +199,8 @@ async fn update_merges_and_audits_before_and_after(f: Fixture) {
     assert_eq!(entry.after["burst"], 5);
     assert_eq!(entry.before["monthly_quota"], 1000);
     assert_eq!(entry.after["monthly_quota"], json!(null));
+    assert_eq!(entry.before["max_in_flight"], 8);
+    assert_eq!(entry.after["max_in_flight"], 3);
     let disabled = f
         .store
         .update_tenant(

@@ -48,6 +48,7 @@ async fn fixture(keys: &[&SigningKey], extra: &str) -> Fixture {
         burst: 10,
         daily_quota: None,
         monthly_quota: None,
+        max_in_flight: None,
     };
     db.upsert_tenants(&[seed("acme")]).await.unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());
