@@ -207,6 +207,30 @@ pub struct AttemptInfo {
     pub avoid_endpoint: Option<usize>,
 }
 
+/// Request extension on a hedged first attempt: the upstream client records in it the
+/// endpoint it picked, so that the copy sent later avoids that endpoint.
+#[derive(Debug, Clone)]
+pub struct PickedEndpoint(Arc<std::sync::atomic::AtomicUsize>);
+
+impl PickedEndpoint {
+    const NONE: usize = usize::MAX;
+
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(std::sync::atomic::AtomicUsize::new(Self::NONE)))
+    }
+
+    /// Records the endpoint picked for the attempt carrying this extension.
+    pub fn record(&self, endpoint: usize) {
+        self.0.store(endpoint, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The endpoint recorded, if the client has picked one.
+    pub(crate) fn get(&self) -> Option<usize> {
+        let endpoint = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        (endpoint != Self::NONE).then_some(endpoint)
+    }
+}
+
 /// Response extension set by the upstream client: index of the endpoint that answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServedBy(pub usize);

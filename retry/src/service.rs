@@ -25,7 +25,7 @@ use super::{
     },
     layer::Shared,
     metrics::Stop,
-    AttemptInfo, RetryTarget, ServedBy,
+    AttemptInfo, PickedEndpoint, RetryTarget, ServedBy,
 };
 
 mod grpc_call;
@@ -180,7 +180,7 @@ where
             });
             req
         };
-        let req = request(attempt, body.take());
+        let mut req = request(attempt, body.take());
         dep.metrics().attempt();
         // Only the first attempt of an idempotent request is hedged, to another endpoint.
         let hedge_after = (attempt == 1
@@ -203,11 +203,19 @@ where
             let Some(after) = hedge_after else {
                 return send(&mut svc, attempt == 1, req).await;
             };
+            // The client records the first attempt's endpoint; the copy avoids it.
+            let picked = PickedEndpoint::new();
+            req.extensions_mut().insert(picked.clone());
             let second = || {
                 dep.budget().try_withdraw().then(|| {
                     dep.metrics().attempt();
                     dep.metrics().retry(2);
-                    request(2, body.take())
+                    let mut copy = request(2, body.take());
+                    copy.extensions_mut().insert(AttemptInfo {
+                        number: 2,
+                        avoid_endpoint: picked.get(),
+                    });
+                    copy
                 })
             };
             let retryable = |answer: &Result<Response<Body>, S::Error>| {

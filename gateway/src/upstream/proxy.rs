@@ -31,7 +31,7 @@ use crate::upstream::balance::discovery::{self, Sources};
 use crate::upstream::balance::{
     Address, Clock, Endpoint, EndpointSet, EndpointState, InFlight, Now, Outcome,
 };
-use portcullis_retry::{AttemptInfo, Dependency, ServedBy};
+use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
 
 mod client_body;
 mod connector;
@@ -371,6 +371,9 @@ impl Service<Request<Body>> for Proxy {
             }
         };
         let id = endpoint.state.id;
+        if let Some(picked) = request.extensions().get::<PickedEndpoint>() {
+            picked.record(id); // a hedged attempt: its copy will avoid this endpoint
+        }
         let in_flight = endpoint.state.start();
         // Latency is only needed by peak_ewma; round robin reads no clock.
         let started =
