@@ -266,13 +266,19 @@ async fn a_hedged_get_is_answered_by_the_fast_endpoint_and_a_post_is_never_hedge
         "upstream = \"u\"\nhedge = { after = \"50ms\" }\n",
     );
     let gateway = GatewayProcess::start(BIN, &config).await;
-    for _ in 0..2 {
+    for _ in 0..4 {
         let response = client().get(gateway.url() + "/h").send().await.unwrap();
         assert_eq!(response.text().await.unwrap(), "fast");
     }
     assert!(
         slow.hit_count() >= 1,
-        "the first attempt went to the slow endpoint"
+        "a first attempt went to the slow endpoint"
+    );
+    assert!(
+        slow.hits()
+            .iter()
+            .all(|h| h.headers["x-retry-attempt"] == "1"),
+        "a copy never goes to the endpoint its first attempt is waiting on"
     );
     let hedges: Vec<_> = fast
         .hits()
