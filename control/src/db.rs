@@ -80,7 +80,7 @@ pub struct TenantSeed<'a> {
 
 /// `tenants` rows: id, disabled, rate, per (ms), burst, daily and monthly quota.
 pub(crate) type TenantRow = (String, i64, i64, i64, i64, Option<i64>, Option<i64>);
-/// `route_quotas` rows: tenant id, route prefix, rate, per (ms), burst.
+/// `route_quotas` rows: tenant id, route name, rate, per (ms), burst.
 pub(crate) type RouteQuotaRow = (String, String, i64, i64, i64);
 /// Active `api_keys` rows: key hash, tenant id.
 pub(crate) type KeyRow = (Vec<u8>, String);

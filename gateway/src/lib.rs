@@ -234,7 +234,7 @@ fn admin_router(
         .routes
         .iter()
         .map(|r| admin::ConfiguredRoute {
-            prefix: r.prefix.clone(),
+            name: r.name.clone(),
             cost: r.cost,
         })
         .collect();
