@@ -60,3 +60,5 @@ mod tls_upstream;
 mod edge_paths;
 // Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
 mod edge_hop_by_hop;
+// Routing by host, method, headers and path (exact > pattern > prefix), 405, rewrite, per-route timeout, odd spellings.
+mod routing;
