@@ -85,7 +85,7 @@ where
             RouteTable::new(&config.routes, &parts.dependencies),
             parts.directory.clone(),
             trusted,
-        ))) // longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
+        ))) // most specific route by host, path, headers, method (else 405/404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(LoadShed::new(config.server.max_in_flight))) // over the cap → 503 at once
         .layer(
             RateLimitLayer::new(
