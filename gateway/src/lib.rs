@@ -31,6 +31,8 @@ pub mod config;
 pub mod edge;
 pub(crate) mod pipeline;
 pub(crate) mod stack;
+/// The route table, for `benches/router.rs`.
+pub use pipeline::router;
 #[doc(hidden)]
 pub use stack::bench::pipeline as bench_pipeline;
 pub mod tls;
