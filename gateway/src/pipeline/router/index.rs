@@ -6,7 +6,7 @@
 //! segment boundary for prefixes; nothing is allocated. A linear scan of 1 000 prefixes
 //! costs microseconds; this costs a few hundred nanoseconds (`benches/router.rs`).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::pattern::{segment_name, PathRule, Segment};
 
@@ -16,6 +16,9 @@ pub(super) struct Group {
     trie: Node,
     prefixes: HashMap<Box<str>, Vec<u32>>,
     longest_prefix: usize,
+    /// Bit `n` set: some prefix is `n` bytes long (for `n` < 256; longer ones are always
+    /// probed). Most probes of a path are skipped without hashing.
+    prefix_lengths: [u64; 4],
 }
 
 /// A trie node: the routes whose `exact` path or `pattern` ends here, those whose
@@ -90,6 +93,9 @@ impl Group {
         match path {
             PathRule::Prefix(prefix) => {
                 self.longest_prefix = self.longest_prefix.max(prefix.len());
+                if let Some(word) = self.prefix_lengths.get_mut(prefix.len() / 64) {
+                    *word |= 1 << (prefix.len() % 64);
+                }
                 self.prefixes
                     .entry(prefix.as_str().into())
                     .or_default()
@@ -131,8 +137,12 @@ impl Group {
     /// `path`. Each node is visited at most once, so the work is bounded by the configured
     /// trie, not by the request.
     pub(super) fn visit_trie(&self, path: &str, visit: &mut impl FnMut(&[u32])) {
+        let trie = &self.trie;
+        if trie.literal.is_empty() && trie.param.is_none() {
+            return;
+        }
         if let Some(segments) = path.strip_prefix('/') {
-            self.trie.walk(Some(segments), visit);
+            trie.walk(Some(segments), visit);
         }
     }
 
@@ -143,7 +153,13 @@ impl Group {
             return;
         }
         let mut probe = |candidate: &str| {
-            candidate.len() <= self.longest_prefix
+            let len = candidate.len();
+            let configured = match self.prefix_lengths.get(len / 64) {
+                Some(word) => word & (1 << (len % 64)) != 0,
+                None => true,
+            };
+            len <= self.longest_prefix
+                && configured
                 && self.prefixes.get(candidate).is_some_and(|list| visit(list))
         };
         // A prefix matches when it is the whole path, ends with `/` inside it, or is

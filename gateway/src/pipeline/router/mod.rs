@@ -39,7 +39,7 @@ mod rules;
 pub use pattern::{PathRule, Pattern};
 pub use rules::{HeaderRule, HeaderValueRule, HostRule};
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -154,8 +154,8 @@ impl RouteTable {
             .iter()
             .map(|route| PathRank::of(&route.settings.path))
             .collect();
-        let mut exact_hosts: HashMap<Box<str>, Group> = HashMap::new();
-        let mut wildcard_hosts: HashMap<Box<str>, Group> = HashMap::new();
+        let mut exact_hosts: HashMap<Box<str>, Group> = HashMap::default();
+        let mut wildcard_hosts: HashMap<Box<str>, Group> = HashMap::default();
         let mut any_host = Group::default();
         for (slot, route) in routes.iter().enumerate() {
             let Ok(slot) = u32::try_from(slot) else {
