@@ -110,7 +110,7 @@ pub(crate) type TenantRow = (
     Option<i64>,
     Option<i64>,
 );
-/// `route_quotas` rows: tenant id, route prefix, rate, per (ms), burst.
+/// `route_quotas` rows: tenant id, route name, rate, per (ms), burst.
 pub(crate) type RouteQuotaRow = (String, String, i64, i64, i64);
 /// Active `api_keys` rows: key hash, tenant id.
 pub(crate) type KeyRow = (Vec<u8>, String);

@@ -32,6 +32,8 @@ pub mod config;
 pub mod edge;
 pub(crate) mod pipeline;
 pub(crate) mod stack;
+/// The route table, for `benches/router.rs`.
+pub use pipeline::router;
 #[doc(hidden)]
 pub use stack::bench::pipeline as bench_pipeline;
 #[doc(hidden)]
@@ -269,7 +271,7 @@ fn admin_router(
         .routes
         .iter()
         .map(|r| admin::ConfiguredRoute {
-            prefix: r.prefix.clone(),
+            name: r.name.clone(),
             cost: r.cost,
         })
         .collect();

@@ -75,6 +75,14 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
             "routes[0].upstream",
         ),
         (
+            format!("{UPSTREAM}\n[[routes]]\npattern = \"/a/{{*rest}}/b\"\nupstream = \"u\"\n"),
+            "routes[0].pattern",
+        ),
+        (
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\n[[routes]]\nprefix = \"/a\"\nhosts = [\"x.test\"]\nupstream = \"u\"\n"),
+            "routes[1].prefix",
+        ),
+        (
             "[[tenants]]\nid = \"t\"\nrate = 5\nper = \"often\"\nburst = 1\n".into(),
             "tenants[0].per",
         ),

@@ -76,3 +76,5 @@ mod upstream_health;
 mod upstream_balance;
 // Service discovery: endpoints_file rewritten without restart, host names re-resolved through a hosts file.
 mod upstream_discovery;
+// Routing by host, method, headers and path (exact > pattern > prefix), 405, rewrite, per-route timeout, odd spellings.
+mod routing;

@@ -2,8 +2,8 @@
 //! Idempotency-Key record, for operators unsticking a client (a record stuck in flight after
 //! a crash, or a stored failure the client must be allowed to retry).
 //!
-//! `route` is the route prefix from the configuration (records are scoped by tenant and
-//! route); `key` is the client's key as sent, bare or as a quoted structured-field string.
+//! `route` is the route name from the configuration, its prefix unless named (records are
+//! scoped by tenant and route); `key` is the client's key as sent, bare or as a quoted structured-field string.
 //! Anonymous callers' records live under the tenant `ip:<client address>`.
 
 use std::time::SystemTime;
@@ -79,10 +79,10 @@ fn record_key(tenant: &str, query: Vec<(String, String)>) -> Result<RecordKey, A
     let route = fields.required_string("route");
     let key = fields.required_string("key");
     if let Some(route) = &route {
-        if !route.starts_with('/') || route.len() > MAX_ROUTE_LEN {
+        if route.is_empty() || route.len() > MAX_ROUTE_LEN {
             fields.push(
                 "route",
-                format!("must be a route prefix starting with '/', at most {MAX_ROUTE_LEN} bytes"),
+                format!("must be a route name (its prefix unless named), 1–{MAX_ROUTE_LEN} bytes"),
             );
         }
     }

@@ -134,7 +134,7 @@ fn parameters() -> Value {
         "Cursor": query("cursor", false, "next_cursor of the previous page", json!({ "type": "string" })),
         "AuditCursor": query("cursor", false, "next_cursor of the previous page", json!({ "type": "integer" })),
         "TenantFilter": query("tenant", false, "Only entries for this tenant", json!({ "type": "string" })),
-        "Route": query("route", true, "A configured route prefix, e.g. /orders", json!({ "type": "string" })),
+        "Route": query("route", true, "A configured route name (its prefix unless named), e.g. /orders", json!({ "type": "string" })),
         "IdempotencyKey": query("key", true, "The client's Idempotency-Key value", json!({ "type": "string" })),
     })
 }

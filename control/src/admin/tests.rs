@@ -84,7 +84,7 @@ async fn app_with(upstreams: Arc<dyn UpstreamsView>) -> (Router, tempfile::TempD
         idempotency: Arc::new(portcullis_idempotency::MemoryStore::new(1 << 20)),
         token: Arc::from(TOKEN),
         routes: Arc::from(vec![ConfiguredRoute {
-            prefix: "/".into(),
+            name: "/".into(),
             cost: 1,
         }]),
         upstreams,
@@ -345,7 +345,7 @@ async fn idempotency_lookup_validates_and_misses_cleanly() {
     let (status, problem) = call(
         &app,
         Method::GET,
-        "/admin/v1/tenants/acme/idempotency?route=orders",
+        "/admin/v1/tenants/acme/idempotency?route=",
         None,
     )
     .await;

@@ -20,7 +20,7 @@ pub(crate) const MAX_PER: Duration = Duration::from_secs(366 * 86_400);
 pub(crate) const MAX_QUOTA: u64 = i64::MAX as u64;
 /// Longest tenant display name, in characters.
 pub(crate) const MAX_NAME_CHARS: usize = 200;
-/// Longest route prefix accepted for an override.
+/// Longest route name accepted for an override.
 pub(crate) const MAX_ROUTE_LEN: usize = 256;
 
 /// One invalid input field.
@@ -262,20 +262,19 @@ pub(crate) fn name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Route prefixes of overrides: must name a route of the configuration (an override for a
-/// prefix no route has would never apply, which is a silent footgun).
+/// Routes of overrides, by name (a route's prefix unless the configuration names it): must
+/// name a route of the configuration (an override for a route that does not exist would
+/// never apply, which is a silent footgun).
 pub(crate) fn route(route: &str, configured: &[ConfiguredRoute]) -> Result<u32, String> {
-    if !route.starts_with('/') || route.len() > MAX_ROUTE_LEN {
-        return Err(format!(
-            "must start with '/' and be at most {MAX_ROUTE_LEN} bytes"
-        ));
+    if route.is_empty() || route.len() > MAX_ROUTE_LEN {
+        return Err(format!("must be 1–{MAX_ROUTE_LEN} bytes"));
     }
-    match configured.iter().find(|r| r.prefix == route) {
+    match configured.iter().find(|r| r.name == route) {
         Some(r) => Ok(r.cost),
         None => {
-            let known: Vec<&str> = configured.iter().map(|r| r.prefix.as_str()).collect();
+            let known: Vec<&str> = configured.iter().map(|r| r.name.as_str()).collect();
             Err(format!(
-                "no configured route has this prefix (configured: {})",
+                "no configured route has this name (configured: {})",
                 known.join(", ")
             ))
         }
@@ -285,8 +284,9 @@ pub(crate) fn route(route: &str, configured: &[ConfiguredRoute]) -> Result<u32, 
 /// A route of the configuration, as far as quota validation cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfiguredRoute {
-    /// The route's path prefix.
-    pub prefix: String,
+    /// The route's name: its identity in overrides and rate-limit keys (the configured
+    /// `name`, else its prefix, exact path or pattern).
+    pub name: String,
     /// Tokens one request on it costs.
     pub cost: u32,
 }

@@ -35,7 +35,7 @@ pub struct Tenant {
     /// The key of that bucket, encoded once per snapshot (requests clone an `Arc`, they
     /// format no string).
     pub key: LimitKey,
-    /// The per-route overrides, by route prefix: each bucket's key and policy.
+    /// The per-route overrides, by route name (its prefix unless named): each bucket's key and policy.
     pub route_policies: HashMap<String, (LimitKey, Arc<Policy>)>,
     /// The daily and monthly request quotas as calendar policies, with their keys.
     pub period_policies: Vec<(Period, LimitKey, Arc<Policy>)>,

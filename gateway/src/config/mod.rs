@@ -21,6 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::pipeline::router::{HeaderRule, HeaderValueRule, HostRule, PathRule, Pattern};
 pub use auth::{AuthSettings, JwksLocation, JwtSettings};
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use balance::{
@@ -320,8 +321,16 @@ pub struct IdempotencySettings {
 /// A validated route.
 #[derive(Debug, Clone)]
 pub struct RouteSettings {
-    /// Path prefix.
-    pub prefix: String,
+    /// Identity: metrics label, quota overrides, rate-limit keys, idempotency scope.
+    pub name: String,
+    /// How the path matches.
+    pub path: PathRule,
+    /// Hosts; empty: any.
+    pub hosts: Vec<HostRule>,
+    /// Methods; empty: any.
+    pub methods: Vec<http::Method>,
+    /// Header conditions.
+    pub headers: Vec<HeaderRule>,
     /// Index into [`Config::upstreams`].
     pub upstream: usize,
     /// Token cost.
@@ -330,8 +339,9 @@ pub struct RouteSettings {
     pub limit: Option<Bucket>,
     /// All methods idempotent.
     pub idempotent: bool,
-    /// Strip the prefix when forwarding.
-    pub strip_prefix: bool,
+    /// What replaces the matched prefix (or exact path) when forwarding; `strip_prefix` is
+    /// `"/"`.
+    pub rewrite: Option<String>,
     /// Effective retry policy (the upstream's, with the route's overrides).
     pub retry: Arc<RetryPolicy>,
     /// Idempotency, when enabled.

@@ -50,7 +50,7 @@ pub struct RawConfig {
     /// Backends.
     #[serde(default)]
     pub upstreams: Vec<RawUpstream>,
-    /// Path prefixes mapped to upstreams.
+    /// Requests (by host, method, headers and path) mapped to upstreams.
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     /// The built-in demo upstream.
@@ -426,8 +426,34 @@ impl Default for RawBreaker {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
-    /// Path prefix; the longest matching prefix wins.
-    pub prefix: String,
+    /// The route's identity (metrics label, per-route quota overrides, rate-limit keys,
+    /// idempotency scope); default: its `prefix`, `exact` or `pattern` text. Unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Path prefix, on a segment boundary. Exactly one of `prefix`, `exact`, `pattern`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Exact path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    /// Segment pattern: `/orders/{id}/items`, `/files/{*rest}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Hosts (`api.example.com`, `*.example.com`); empty: any host.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Methods; empty: any method.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Header conditions, all of which must hold.
+    #[serde(default)]
+    pub headers: Vec<RawHeaderMatch>,
+    /// Replaces the matched prefix (or the exact path) before forwarding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<String>,
+    /// Whole-request deadline on this route (the retry policy's `total`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
     /// Upstream name.
     pub upstream: String,
     /// Tokens one request costs.
@@ -468,6 +494,20 @@ pub struct RawRoute {
 pub struct RawHedge {
     /// `"p50"`…`"p99.9"` of the upstream's measured attempt latency, or a duration.
     pub after: String,
+}
+
+/// `headers = [{ name = "x-version", value = "2" }, { name = "x-tenant", regex = "^eu-" }]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    /// Field name (case-insensitive).
+    pub name: String,
+    /// Exact value (case-sensitive). Exactly one of `value`, `regex`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Regex searched in the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
 }
 
 fn default_cost() -> u32 {

@@ -3,6 +3,9 @@ use std::collections::HashMap;
 use super::*;
 use portcullis_retry::HedgeAfter;
 
+// Routing fields: hosts, methods, headers, exact/pattern, rewrite, timeout, names.
+mod routes;
+
 fn env() -> HashMap<String, String> {
     HashMap::new()
 }
@@ -32,7 +35,8 @@ fn invalid_paths(text: &str) -> Vec<String> {
 fn example_config_is_valid() {
     let text = include_str!("../../../config/portcullis.example.toml");
     let config = Config::parse(text, &env()).expect("example config");
-    assert_eq!(config.routes[0].prefix, "/demo");
+    assert_eq!(config.routes[0].name, "/demo");
+    assert_eq!(config.routes[0].path, PathRule::Prefix("/demo".into()));
     assert!(config.demo.enabled);
     assert_eq!(config.upstreams[0].retry.max_retries(), 3);
 }

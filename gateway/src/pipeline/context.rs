@@ -14,14 +14,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use axum::body::Body;
-use http::{Extensions, Request, Response};
+use http::{header, Extensions, HeaderValue, Request, Response, StatusCode};
 use portcullis_control::Directory;
 use portcullis_problem::Problem;
 use portcullis_retry::RetryTarget;
 
 use crate::pipeline::jwt::JwtAuth;
 use crate::pipeline::metrics::RouteMetrics;
-use crate::pipeline::router::{Route, RouteTable};
+use crate::pipeline::router::{Lookup, Route, RouteRequest, RouteTable};
 use crate::pipeline::step::{Finish, Step};
 use crate::pipeline::tenant::{self, Caller};
 use crate::upstream::forwarded::{Client, PeerAddr, TrustedProxies};
@@ -60,7 +60,32 @@ impl RequestContext {
     }
 }
 
-/// Matches the route (else 404), resolves the client address and the caller (a bad key is
+/// 405: a route matches everything but the method. `Allow` lists the methods that would
+/// (RFC 9110 §15.5.6), also as the problem's `allow` member.
+fn method_not_allowed(on: &RouteRequest<'_>, allowed: Vec<http::Method>) -> Response<Body> {
+    let allow = allowed
+        .iter()
+        .map(http::Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut response = Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        format!(
+            "{} is not allowed on {:?}; allowed: {allow}",
+            on.method, on.path
+        ),
+    )
+    .with("allow", allow.clone())
+    .into_response();
+    if let Ok(value) = HeaderValue::from_str(&allow) {
+        response.headers_mut().insert(header::ALLOW, value);
+    }
+    response
+}
+
+/// Matches the route (else 405 or 404), resolves the client address and the caller (a bad key is
 /// 401), and inserts the [`RequestContext`] (a [`Step`]). The route's metrics ride back on
 /// every response from here on, refusals included, for the observe layer outside.
 #[derive(Debug, Clone)]
@@ -97,8 +122,13 @@ impl Step for Resolve {
     type Finish = RouteMetrics;
 
     fn step(&self, request: &mut Request<Body>) -> Result<RouteMetrics, Response<Body>> {
-        let Some(route) = self.routes.find(request.uri().path()).cloned() else {
-            return Err(Problem::no_route(request.uri().path()).into_response());
+        let on = RouteRequest::of(request);
+        let route = match self.routes.find(&on) {
+            Lookup::Route(route) => route.clone(),
+            Lookup::MethodNotAllowed => {
+                return Err(method_not_allowed(&on, self.routes.allowed_methods(&on)))
+            }
+            Lookup::NotFound => return Err(Problem::no_route(on.path).into_response()),
         };
         let metrics = route.metrics.clone();
         let peer = request
@@ -146,7 +176,18 @@ pub(crate) mod tests {
         let config = Config::parse(config, &HashMap::<String, String>::new()).unwrap();
         let (_, dependencies) = crate::upstreams(&config);
         let table = RouteTable::new(&config.routes, &dependencies);
-        let route = table.find(path).unwrap().clone();
+        let method = http::Method::GET;
+        let headers = http::HeaderMap::new();
+        let request = crate::pipeline::router::RouteRequest {
+            method: &method,
+            authority: None,
+            path,
+            headers: &headers,
+        };
+        let crate::pipeline::router::Lookup::Route(route) = table.find(&request) else {
+            panic!("no route for {path}");
+        };
+        let route = route.clone();
         let client = Client {
             ip,
             peer: ip,

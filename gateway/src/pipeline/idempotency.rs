@@ -2,7 +2,7 @@
 //! (the only `match` on it) and the extractor that turns the matched route and caller into
 //! the layer's per-request settings.
 //!
-//! Records are scoped by tenant and route prefix. Anonymous callers are scoped by client IP
+//! Records are scoped by tenant and route name (its prefix unless named). Anonymous callers are scoped by client IP
 //! (`ip:203.0.113.9`), so one anonymous client can neither read nor block another's keys.
 
 use std::sync::Arc;
@@ -93,7 +93,7 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         .map(|route| {
             let idem = route.idempotency.as_ref()?;
             let upstream = config.upstreams.get(route.upstream)?;
-            let mut settings = LayerSettings::new("", route.prefix.as_str());
+            let mut settings = LayerSettings::new("", route.name.as_str());
             settings.methods = idem.methods.as_slice().into();
             settings.require_key = idem.require_key;
             settings.ttl = idem.ttl;

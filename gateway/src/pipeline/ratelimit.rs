@@ -93,7 +93,7 @@ pub fn extractor(
         let context = RequestContext::of(&parts.extensions)?;
         let route = &context.route;
         let cost = route.settings.cost;
-        let prefix = route.settings.prefix.as_str();
+        let name = route.settings.name.as_str();
         let route_default = policies.routes.get(route.index).and_then(Option::as_ref);
         let mut request = LimitRequest::new();
         match &context.caller {
@@ -103,10 +103,10 @@ pub fn extractor(
                 if let Some(policy) = &tenant.policy {
                     request.push(tenant.key.clone(), policy.clone(), cost);
                 }
-                match (tenant.route_policies.get(prefix), route_default) {
+                match (tenant.route_policies.get(name), route_default) {
                     (Some((key, policy)), _) => request.push(key.clone(), policy.clone(), cost),
                     (None, Some(policy)) => request.push(
-                        LimitKey::route(Principal::Tenant(&tenant.id), prefix),
+                        LimitKey::route(Principal::Tenant(&tenant.id), name),
                         policy.clone(),
                         cost,
                     ),
@@ -123,7 +123,7 @@ pub fn extractor(
                 }
                 if let Some(policy) = route_default {
                     request.push(
-                        LimitKey::route(Principal::Ip(ip), prefix),
+                        LimitKey::route(Principal::Ip(ip), name),
                         policy.clone(),
                         cost,
                     );

@@ -95,7 +95,7 @@ where
                 trusted,
             )
             .with_jwt(jwt),
-        )) // bearer JWT → tenant (bad token → 401); longest prefix (else 404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
+        )) // bearer JWT → tenant (bad token → 401); most specific route by host, path, headers, method (else 405/404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(LoadShed::new(
             config.server.max_in_flight,
             config.server.critical_reserve,

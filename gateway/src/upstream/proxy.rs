@@ -23,7 +23,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Service;
 
-use crate::config::{HealthCheckSettings, LoadBalancer, OutlierSettings, UpstreamSettings};
+use crate::config::{
+    HealthCheckSettings, LoadBalancer, OutlierSettings, PathRule, UpstreamSettings,
+};
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
@@ -436,7 +438,7 @@ fn prepare(
     let (mut parts, body) = request.into_parts();
     let (scheme, authority) = (address.scheme.clone(), address.authority.clone());
     let route = &context.route.settings;
-    let path_and_query = upstream_path(&parts.uri, &route.prefix, route.strip_prefix);
+    let path_and_query = upstream_path(&parts.uri, &route.path, route.rewrite.as_deref());
     let client_tls = parts.extensions.get::<ClientTls>().is_some();
     // HTTP/2 clients send :authority instead of Host.
     let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -480,27 +482,43 @@ fn prepare(
     Ok(Request::from_parts(parts, body))
 }
 
-fn upstream_path(uri: &Uri, prefix: &str, strip: bool) -> PathAndQuery {
-    if !strip {
-        // The common case: the original target, shared rather than re-formatted.
-        return uri
-            .path_and_query()
+/// The path the upstream receives: as the client sent it (normalised), or with the matched
+/// prefix replaced by `rewrite` — on an `exact` route the whole path. `strip_prefix` arrives
+/// here as `rewrite = "/"`. The replacement and the rest always meet at one `/`
+/// (`/api` + `/v2` on `/api/x` → `/v2/x`, not `/v2//x` or `/v2x`).
+fn upstream_path(uri: &Uri, path: &PathRule, rewrite: Option<&str>) -> PathAndQuery {
+    let original = || {
+        uri.path_and_query()
             .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    }
-    let rest = uri
-        .path()
-        .strip_prefix(prefix.trim_end_matches('/'))
-        .unwrap_or(uri.path());
-    let path = if rest.starts_with('/') {
-        rest.to_owned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"))
+    };
+    let Some(rewrite) = rewrite else {
+        // The common case: the original target, shared rather than re-formatted.
+        return original();
+    };
+    let rest = match path {
+        // The router matched on a segment boundary, so the rest is empty or starts with
+        // `/` or `;`.
+        PathRule::Prefix(prefix) => uri
+            .path()
+            .strip_prefix(prefix.trim_end_matches('/'))
+            .unwrap_or(uri.path()),
+        PathRule::Exact(_) => "",
+        // Refused by validation.
+        PathRule::Pattern(_) => return original(),
+    };
+    let mut full = if rest.is_empty() {
+        rewrite.to_owned()
     } else {
-        format!("/{rest}")
+        format!("{}{rest}", rewrite.trim_end_matches('/'))
     };
-    let full = match uri.query() {
-        Some(query) => format!("{path}?{query}"),
-        None => path,
-    };
+    if !full.starts_with('/') {
+        full.insert(0, '/');
+    }
+    if let Some(query) = uri.query() {
+        full.push('?');
+        full.push_str(query);
+    }
     full.parse()
         .unwrap_or_else(|_| PathAndQuery::from_static("/"))
 }
@@ -515,13 +533,45 @@ mod tests {
 
     #[test]
     fn paths_with_and_without_stripping() {
+        let prefix = PathRule::Prefix("/orders".into());
         let uri: Uri = "/orders/7?x=1".parse().unwrap();
-        assert_eq!(
-            upstream_path(&uri, "/orders", false).as_str(),
-            "/orders/7?x=1"
-        );
-        assert_eq!(upstream_path(&uri, "/orders", true).as_str(), "/7?x=1");
+        assert_eq!(upstream_path(&uri, &prefix, None).as_str(), "/orders/7?x=1");
+        assert_eq!(upstream_path(&uri, &prefix, Some("/")).as_str(), "/7?x=1");
         let root: Uri = "/orders".parse().unwrap();
-        assert_eq!(upstream_path(&root, "/orders", true).as_str(), "/");
+        assert_eq!(upstream_path(&root, &prefix, Some("/")).as_str(), "/");
+        let matrix: Uri = "/orders;v=1/7".parse().unwrap();
+        assert_eq!(
+            upstream_path(&matrix, &prefix, Some("/")).as_str(),
+            "/;v=1/7"
+        );
+    }
+
+    #[test]
+    fn rewrites_replace_the_matched_prefix_at_one_slash() {
+        let prefix = PathRule::Prefix("/api".into());
+        let slashed = PathRule::Prefix("/api/".into());
+        for (rule, rewrite, from, to) in [
+            (&prefix, "/v2", "/api/orders?a=b", "/v2/orders?a=b"),
+            (&prefix, "/v2/", "/api/orders", "/v2/orders"),
+            (&prefix, "/v2", "/api", "/v2"),
+            (&prefix, "/v2/", "/api", "/v2/"),
+            (&prefix, "/v2", "/api;k=v/x", "/v2;k=v/x"),
+            (&slashed, "/v2", "/api/orders", "/v2/orders"),
+            (&slashed, "/v2/", "/api/", "/v2/"),
+            (&PathRule::Prefix("/".into()), "/base", "/x/y", "/base/x/y"),
+            (
+                &PathRule::Exact("/old".into()),
+                "/new/place",
+                "/old?q=1",
+                "/new/place?q=1",
+            ),
+        ] {
+            let uri: Uri = from.parse().unwrap();
+            assert_eq!(
+                upstream_path(&uri, rule, Some(rewrite)).as_str(),
+                to,
+                "{from} via {rewrite}"
+            );
+        }
     }
 }

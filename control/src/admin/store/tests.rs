@@ -20,11 +20,11 @@ struct Fixture {
 fn routes() -> Arc<[ConfiguredRoute]> {
     Arc::from(vec![
         ConfiguredRoute {
-            prefix: "/orders".into(),
+            name: "/orders".into(),
             cost: 2,
         },
         ConfiguredRoute {
-            prefix: "/".into(),
+            name: "/".into(),
             cost: 1,
         },
     ])

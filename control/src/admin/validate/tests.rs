@@ -139,11 +139,11 @@ fn buckets_are_checked_like_the_limiter_does() {
 fn routes_must_be_configured() {
     let routes = [
         ConfiguredRoute {
-            prefix: "/orders".into(),
+            name: "/orders".into(),
             cost: 3,
         },
         ConfiguredRoute {
-            prefix: "/".into(),
+            name: "/".into(),
             cost: 1,
         },
     ];
