@@ -198,6 +198,9 @@ pub struct AttemptInfo {
     /// Endpoint index to avoid: the one the previous attempt failed on, when the upstream
     /// has more than one endpoint.
     pub avoid_endpoint: Option<usize>,
+    /// How long the retry layer waited before this attempt (zero for the first), for the
+    /// attempt's trace span.
+    pub backoff: std::time::Duration,
 }
 
 /// Response extension set by the upstream client: index of the endpoint that answered.

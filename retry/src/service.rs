@@ -144,6 +144,7 @@ where
     let mut attempt: u32 = 1;
     let mut avoid_endpoint = None;
     let mut dns_failures = 0;
+    let mut waited = Duration::ZERO;
     loop {
         let mut req = Request::from_parts(parts.clone(), body.take());
         req.headers_mut()
@@ -153,6 +154,7 @@ where
         req.extensions_mut().insert(AttemptInfo {
             number: attempt,
             avoid_endpoint,
+            backoff: waited,
         });
         let limit = policy
             .attempt_timeout()
@@ -235,6 +237,7 @@ where
         // Free the upstream connection before waiting.
         drop(last);
         sleep(wait).await;
+        waited = wait;
         if !permit.is_current() {
             // The breaker changed state while this request waited: ask again, as a new
             // request would (it may be open now, or this may become a probe).

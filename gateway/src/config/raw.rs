@@ -51,6 +51,9 @@ pub struct RawConfig {
     /// The built-in demo upstream.
     #[serde(default)]
     pub demo: RawDemo,
+    /// Tracing export, access log, per-tenant metric labels.
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 /// `[server]`.

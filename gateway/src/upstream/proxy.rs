@@ -26,6 +26,7 @@ use crate::config::UpstreamSettings;
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
+use crate::telemetry::Attempt;
 use portcullis_retry::{AttemptInfo, ServedBy};
 
 mod client_body;
@@ -142,9 +143,10 @@ impl Service<Request<Body>> for Proxy {
             .get::<AttemptInfo>()
             .and_then(|a| a.avoid_endpoint);
         let index = upstream.pick(avoid);
-        let prepared = prepare(request, &context, &upstream, index);
+        // The attempt's span and trace headers (see `crate::telemetry`).
+        let prepared = prepare(request, &context, &upstream, index).map(Attempt::start);
         async move {
-            let request = prepared?;
+            let (request, attempt) = prepared?;
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
                 (request, None)
@@ -157,8 +159,9 @@ impl Service<Request<Body>> for Proxy {
             let response = match &upstream.client {
                 Pool::Plain(client) => client.request(request).await,
                 Pool::Tls(client) => client.request(request).await,
-            }
-            .map_err(|err| {
+            };
+            attempt.end(response.as_ref().ok().map(|r| r.status().as_u16()));
+            let response = response.map_err(|err| {
                 // The client's own body error, when it failed, explains the attempt's
                 // failure better than hyper's report of it (see `client_body`).
                 match body_failure.as_ref().and_then(BodyFailure::take) {
