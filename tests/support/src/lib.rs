@@ -26,6 +26,7 @@
 
 pub mod gateway;
 pub mod h2frames;
+pub mod otlp;
 pub mod ports;
 pub mod postgres;
 pub mod process;

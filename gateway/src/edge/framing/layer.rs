@@ -46,7 +46,8 @@ impl Step for Smuggling {
 fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body> {
     tracing::info!(
         reason = refusal.code(),
-        ?peer,
+        // Absent rather than `Some(…)`: logs never show Rust's `Option` formatting.
+        peer = peer.map(tracing::field::display),
         "request refused before routing"
     );
     metrics::counter!("requests_refused_total", "reason" => refusal.code()).increment(1);

@@ -103,7 +103,11 @@ impl Step for Target {
     fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
         settle(request).map_err(|error| {
             let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
-            tracing::debug!(reason = error.code(), ?peer, "request target refused");
+            tracing::debug!(
+                reason = error.code(),
+                peer = peer.map(tracing::field::display),
+                "request target refused"
+            );
             metrics::counter!("requests_refused_total", "reason" => error.code()).increment(1);
             error.problem().into_response()
         })
