@@ -63,7 +63,6 @@ pub(crate) struct AccessLine {
 
 impl AccessLine {
     /// A line for `status`; the rest is filled in by the caller.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         started: Instant,
         exchange: Arc<Exchange>,

@@ -109,10 +109,11 @@ impl AttemptEnd {
     /// The `outcome` label and span attribute.
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Self::Status(s) => CLASSES
-                .get(usize::from(s / 100).saturating_sub(1))
+            Self::Status(s) if (100..600).contains(&s) => CLASSES
+                .get(usize::from(s / 100 - 1))
                 .copied()
                 .unwrap_or("error"),
+            Self::Status(_) => "error",
             Self::Error => "error",
             Self::Cancelled => "cancelled",
         }
