@@ -141,7 +141,7 @@ impl Finish for Observed {
         let idempotency = idempotency.map_or("-", IdempotencyOutcome::as_str);
         let client_ip = context.map(|c| c.client.ip).or(peer);
         let upstream = context.and_then(|c| telemetry.upstream_name(c.route.settings.upstream));
-        if let Some(span) = exchange.server_span() {
+        if let Some(span) = exchange.server_span().filter(|s| s.is_recording()) {
             span.set_attributes([
                 KeyValue::new("http.route", metrics.label().to_owned()),
                 KeyValue::new("http.response.status_code", i64::from(status)),

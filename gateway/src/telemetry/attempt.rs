@@ -53,9 +53,16 @@ impl Attempt {
         let number = info.map_or(1, |i| i.number);
         exchange.attempt_started(number, request.uri().authority());
         let tracer = exchange.telemetry.tracer.as_ref();
+        // An unsampled request's attempts are not recorded either (parent-based): they get
+        // ids but no attributes, which would only be formatted to be thrown away.
+        let recording = exchange.server_span().is_some_and(|s| s.is_recording());
         let span = tracer
             .zip(exchange.server.as_ref())
             .map(|(tracer, server)| {
+                if !recording {
+                    let builder = SpanBuilder::from_name("upstream attempt");
+                    return tracer.build_with_context(builder, server);
+                }
                 let telemetry = &exchange.telemetry;
                 let upstream_name = telemetry
                     .upstream_name(upstream)
