@@ -34,6 +34,7 @@ pub(crate) mod pipeline;
 pub(crate) mod stack;
 /// The route table, for `benches/router.rs`.
 pub use pipeline::router;
+pub mod telemetry;
 #[doc(hidden)]
 pub use stack::bench::pipeline as bench_pipeline;
 #[doc(hidden)]
@@ -89,6 +90,9 @@ pub enum StartError {
     /// A Redis URL could not be used.
     #[error("storage: invalid Redis URL: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The OTLP trace exporter could not be built.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::export::ExportSetupError),
     /// A listener's TLS configuration could not be built.
     #[error("{what}: {source}")]
     Tls {
@@ -106,6 +110,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let metrics = pipeline::metrics::install();
+    telemetry::export::install(&config.telemetry)?;
     let db = match &config.storage.database {
         config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await,
         config::DatabaseBackend::Postgres(url) => Database::postgres(url).await,
@@ -220,6 +225,8 @@ pub async fn run(
     let _ =
         tokio::time::timeout(std::time::Duration::from_secs(1), release_limiter.release()).await;
     db.close().await;
+    // Queued spans are flushed (bounded by the exporter's timeout) on a blocking thread.
+    let _ = tokio::task::spawn_blocking(telemetry::export::shutdown).await;
     tracing::info!("portcullis stopped");
     Ok(())
 }

@@ -23,3 +23,55 @@ pub struct IdempotencyLock {
 /// client may retry with it, instead of storing that response as the key's outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NotForwarded;
+
+/// Set in the **response** extensions by the layer: what it did with a keyed request, for
+/// the access log and spans outside. A response without it carried no key (or its method
+/// and route do not take one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdempotencyOutcome {
+    /// The key's lock was taken and the request forwarded: the first copy.
+    First,
+    /// A stored response was replayed (`Idempotent-Replayed: true`).
+    Replayed,
+    /// 409: the first copy is still in flight.
+    InFlight,
+    /// 409: the key's response was too large to store, so it cannot be replayed.
+    TooLarge,
+    /// 422: the key was used with a different request.
+    Mismatch,
+    /// An expired lease was taken over; the interrupted request is answered as such.
+    TakenOver,
+    /// 400: the key is missing on a route that requires it, or malformed.
+    InvalidKey,
+    /// The body could not be read or exceeds what can be fingerprinted.
+    BodyRejected,
+    /// 503: the record store is unreachable; nothing was forwarded.
+    Unavailable,
+}
+
+impl IdempotencyOutcome {
+    /// A stable lower-case name for logs and span attributes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Replayed => "replayed",
+            Self::InFlight => "conflict_in_flight",
+            Self::TooLarge => "conflict_too_large",
+            Self::Mismatch => "mismatch",
+            Self::TakenOver => "taken_over",
+            Self::InvalidKey => "invalid_key",
+            Self::BodyRejected => "body_rejected",
+            Self::Unavailable => "unavailable",
+        }
+    }
+
+    /// Marks `response` with this outcome.
+    pub(crate) fn mark(
+        self,
+        mut response: http::Response<axum::body::Body>,
+    ) -> http::Response<axum::body::Body> {
+        response.extensions_mut().insert(self);
+        response
+    }
+}

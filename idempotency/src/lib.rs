@@ -98,7 +98,7 @@ pub mod settings;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use extensions::{IdempotencyLock, NotForwarded};
+pub use extensions::{IdempotencyLock, IdempotencyOutcome, NotForwarded};
 pub use fingerprint::{Fingerprint, FingerprintInput};
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{ExtractSettings, IdempotencyLayer};

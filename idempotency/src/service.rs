@@ -16,7 +16,7 @@ use tower::Service;
 use tracing::Instrument;
 
 use crate::detach::{Detached, Panicked};
-use crate::extensions::IdempotencyLock;
+use crate::extensions::{IdempotencyLock, IdempotencyOutcome as Marked};
 use crate::fingerprint::{Fingerprint, FingerprintInput};
 use crate::forward::{self, Held};
 use crate::key::{IdempotencyKey, KeyError};
@@ -108,25 +108,27 @@ where
     let key = match IdempotencyKey::from_headers(&parts.headers, settings.max_key_len) {
         Ok(Some(key)) => key,
         Ok(None) if settings.require_key => {
-            return Ok(Rejection::InvalidKey(KeyError::Missing).into_response())
+            return Ok(
+                Marked::InvalidKey.mark(Rejection::InvalidKey(KeyError::Missing).into_response())
+            )
         }
         // No key on an optional route: nothing to deduplicate, forward untouched.
         Ok(None) => return inner.call(Request::from_parts(parts, body)).await,
-        Err(e) => return Ok(Rejection::InvalidKey(e).into_response()),
+        Err(e) => return Ok(Marked::InvalidKey.mark(Rejection::InvalidKey(e).into_response())),
     };
 
     let bytes = match Limited::new(body, settings.max_body_bytes).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             let limit = settings.max_body_bytes;
-            return Ok(Rejection::BodyTooLarge { limit }.into_response());
+            return Ok(Marked::BodyRejected.mark(Rejection::BodyTooLarge { limit }.into_response()));
         }
         // The server's own body limit, below this layer, arrives wrapped in the body's
         // error chain: the client's 413, not an unreadable body.
         Err(e) if is_caused_by::<LengthLimitError>(&*e) => {
-            return Ok(Rejection::BodyLimitExceeded.into_response());
+            return Ok(Marked::BodyRejected.mark(Rejection::BodyLimitExceeded.into_response()));
         }
-        Err(_) => return Ok(Rejection::BodyUnreadable.into_response()),
+        Err(_) => return Ok(Marked::BodyRejected.mark(Rejection::BodyUnreadable.into_response())),
     };
 
     let fingerprint = Fingerprint::compute(&FingerprintInput {
@@ -153,7 +155,7 @@ where
             fencing,
             settings,
         };
-        return Ok(forward::interrupted(held).await);
+        return Ok(Marked::TakenOver.mark(forward::interrupted(held).await));
     }
 
     // From here the request runs to completion even if the client hangs up: inline while the
@@ -169,12 +171,12 @@ where
     };
     let task = forward::execute(inner, req, held).instrument(tracing::Span::current());
     match Detached::new(task).await {
-        Ok(result) => result,
+        Ok(result) => result.map(|response| Marked::First.mark(response)),
         Err(Panicked) => {
             // A panic below us: the outcome is unknown, so the lease is left to expire
             // rather than released (see the crate docs, "Failures and cancellation").
             tracing::error!("idempotent request panicked below the idempotency layer");
-            Ok(Rejection::Internal.into_response())
+            Ok(Marked::First.mark(Rejection::Internal.into_response()))
         }
     }
 }
@@ -208,16 +210,18 @@ async fn acquire(
             }
             Ok(LockOutcome::Completed(stored)) => {
                 metrics::counter!("idempotency_replays_total").increment(1);
-                return Err(stored.to_replay());
+                return Err(Marked::Replayed.mark(stored.to_replay()));
             }
             Ok(LockOutcome::Mismatch) => {
                 metrics::counter!("idempotency_mismatches_total").increment(1);
-                return Err(Rejection::Mismatch.into_response());
+                return Err(Marked::Mismatch.mark(Rejection::Mismatch.into_response()));
             }
             Ok(LockOutcome::TooLarge { status }) => {
                 metrics::counter!("idempotency_conflicts_total", "reason" => "too_large")
                     .increment(1);
-                return Err(Rejection::TooLargeToReplay { status }.into_response());
+                return Err(
+                    Marked::TooLarge.mark(Rejection::TooLargeToReplay { status }.into_response())
+                );
             }
             Ok(LockOutcome::InFlight { lease_remaining }) => {
                 let now = Instant::now();
@@ -231,7 +235,9 @@ async fn acquire(
                 metrics::counter!("idempotency_conflicts_total", "reason" => "in_flight")
                     .increment(1);
                 let retry_after = IN_FLIGHT_RETRY_AFTER.min(lease_remaining);
-                return Err(Rejection::InFlight { retry_after }.into_response());
+                return Err(
+                    Marked::InFlight.mark(Rejection::InFlight { retry_after }.into_response())
+                );
             }
             Err(e) => {
                 metrics::counter!("idempotency_store_errors_total", "op" => "try_lock",
@@ -240,7 +246,8 @@ async fn acquire(
                 tracing::warn!(error = %e, transient = e.is_transient(), tenant = %record.tenant,
                     "idempotency store unavailable; refusing to forward unprotected");
                 let retry_after = STORE_RETRY_AFTER;
-                return Err(Rejection::StoreUnavailable { retry_after }.into_response());
+                return Err(Marked::Unavailable
+                    .mark(Rejection::StoreUnavailable { retry_after }.into_response()));
             }
         }
     }

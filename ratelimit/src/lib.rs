@@ -118,6 +118,7 @@ pub mod key;
 pub mod layer;
 pub mod limiter;
 pub mod metrics;
+pub mod outcome;
 pub mod period;
 pub mod policy;
 pub mod rejection;
@@ -131,6 +132,7 @@ pub use crate::limiter::{
     BatchedConfig, BatchedLimiter, Check, FailMode, FallbackConfig, FallbackLimiter, LimitRequest,
     Limiter, LimiterError, LocalLimiter, LocalLimiterConfig, RedisLimiter, RedisLimiterConfig,
 };
+pub use crate::outcome::RateLimitOutcome;
 pub use crate::period::{Period, Window};
 pub use crate::policy::{Policy, PolicyError};
 pub use crate::rejection::Rejection;

@@ -20,6 +20,7 @@ use crate::decision::Verdict;
 use crate::headers::write_verdict_headers;
 use crate::layer::RateLimitLayer;
 use crate::limiter::{Check, LimitRequest};
+use crate::outcome::RateLimitOutcome;
 use crate::rejection::Rejection;
 
 /// Rate-limits requests to `S`. Built by [`RateLimitLayer`].
@@ -100,6 +101,12 @@ where
             }
             let mut response = inner.call(req).await?;
             write_verdict_headers(response.headers_mut(), checks, &verdict, unix_now);
+            let shadow_limited = verdict.decisions().iter().any(|d| !d.allowed && d.shadow);
+            response.extensions_mut().insert(if shadow_limited {
+                RateLimitOutcome::ShadowLimited
+            } else {
+                RateLimitOutcome::Allowed
+            });
             Ok(response)
         })
     }
@@ -110,7 +117,13 @@ fn answer(shared: &RateLimitLayer, req: &Request<Body>, rejection: Rejection) ->
     if let Some(observe) = &shared.observe {
         observe(req.extensions(), &rejection);
     }
-    rejection.to_response()
+    let outcome = match rejection {
+        Rejection::RateLimited { .. } => RateLimitOutcome::Limited,
+        _ => RateLimitOutcome::Unavailable,
+    };
+    let mut response = rejection.to_response();
+    response.extensions_mut().insert(outcome);
+    response
 }
 
 fn rejection(limits: &LimitRequest, verdict: &Verdict, unix_now: std::time::Duration) -> Rejection {

@@ -205,6 +205,9 @@ pub struct AttemptInfo {
     /// Endpoint index to avoid: the one the previous attempt failed on, when the upstream
     /// has more than one endpoint.
     pub avoid_endpoint: Option<usize>,
+    /// How long the retry layer waited before this attempt (zero for the first), for the
+    /// attempt's trace span.
+    pub backoff: std::time::Duration,
 }
 
 /// Request extension on a hedged first attempt: the upstream client records in it the

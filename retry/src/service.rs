@@ -160,6 +160,7 @@ where
     let mut attempt: u32 = 1;
     let mut avoid_endpoint = None;
     let mut dns_failures = 0;
+    let mut waited = Duration::ZERO;
     loop {
         let started = Instant::now();
         let limit = policy
@@ -177,6 +178,7 @@ where
             req.extensions_mut().insert(AttemptInfo {
                 number,
                 avoid_endpoint,
+                backoff: waited,
             });
             req
         };
@@ -214,6 +216,7 @@ where
                     copy.extensions_mut().insert(AttemptInfo {
                         number: 2,
                         avoid_endpoint: picked.get(),
+                        backoff: after,
                     });
                     copy
                 })
@@ -324,6 +327,7 @@ where
         // Free the upstream connection before waiting.
         drop(last);
         sleep(wait).await;
+        waited = wait;
         if !permit.is_current() {
             // The breaker changed state while this request waited: ask again, as a new
             // request would (it may be open now, or this may become a probe).

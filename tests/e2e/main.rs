@@ -62,6 +62,8 @@ mod edge_early_answers;
 mod tls_upstream;
 // The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.
 mod edge_paths;
+// Telemetry: W3C trace context (trusted peers only), OTLP span tree of a retried keyed POST, JSON access log, dashboard metric names.
+mod telemetry;
 // Hop-by-hop headers at the edge: Connection cannot name away the gateway's headers; oversized chunked body → 413.
 mod edge_hop_by_hop;
 // JWT tenants: RS256/ES256/EdDSA via a JWKS upstream, claim headers, key rotation, refresh rate limit, 401 invalid_token, quotas.

@@ -12,6 +12,7 @@ mod balance;
 mod duration;
 mod error;
 pub mod raw;
+pub mod telemetry;
 mod tls;
 mod upstream;
 mod validate;
@@ -32,6 +33,7 @@ pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
+pub use telemetry::TelemetrySettings;
 pub use tls::{Http2Settings, UpstreamTls};
 pub use upstream::parse_endpoints_file;
 
@@ -99,6 +101,8 @@ pub struct Config {
     pub routes: Vec<RouteSettings>,
     /// Demo upstream.
     pub demo: DemoSettings,
+    /// Tracing export, access log, per-tenant metric labels.
+    pub telemetry: TelemetrySettings,
     /// Admin API token from the environment; `None` → admin API endpoints are disabled.
     pub admin_token: Option<Secret>,
     /// Caller authentication besides API keys (`[auth.jwt]`).

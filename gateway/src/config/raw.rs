@@ -62,6 +62,9 @@ pub struct RawConfig {
     /// How endpoint host names are resolved.
     #[serde(default)]
     pub discovery: RawDiscovery,
+    /// Tracing export, access log, per-tenant metric labels.
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 /// `[server]`.

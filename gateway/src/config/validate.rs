@@ -44,6 +44,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         enabled: raw.demo.enabled,
         listen: socket_addr("demo.listen", &raw.demo.listen, &mut issues),
     };
+    let telemetry = super::telemetry::validate(&raw.telemetry, &mut issues);
     let admin_token = env
         .get(ENV_ADMIN_TOKEN)
         .filter(|t| !t.is_empty())
@@ -95,6 +96,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         upstreams,
         routes,
         demo,
+        telemetry,
         admin_token,
         auth,
         discovery: super::balance::discovery(&raw.discovery),

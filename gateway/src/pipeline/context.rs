@@ -118,10 +118,22 @@ impl Resolve {
     }
 }
 
-impl Step for Resolve {
-    type Finish = RouteMetrics;
+/// Hands the route's metrics and the request context back on the response (for the
+/// observe step outside: metrics, span attributes, the access log).
+pub(crate) struct Resolved(RouteMetrics, Arc<RequestContext>);
 
-    fn step(&self, request: &mut Request<Body>) -> Result<RouteMetrics, Response<Body>> {
+impl Finish for Resolved {
+    fn finish(self, response: Response<Body>) -> Response<Body> {
+        let mut response = self.0.finish(response);
+        response.extensions_mut().insert(self.1);
+        response
+    }
+}
+
+impl Step for Resolve {
+    type Finish = Resolved;
+
+    fn step(&self, request: &mut Request<Body>) -> Result<Resolved, Response<Body>> {
         let on = RouteRequest::of(request);
         let route = match self.routes.find(&on) {
             Lookup::Route(route) => route.clone(),
@@ -144,12 +156,13 @@ impl Step for Resolve {
             Ok(caller) => caller,
             Err(refusal) => return Err(metrics.finish(refusal)),
         };
-        request.extensions_mut().insert(Arc::new(RequestContext {
+        let context = Arc::new(RequestContext {
             route,
             caller,
             client,
-        }));
-        Ok(metrics)
+        });
+        request.extensions_mut().insert(context.clone());
+        Ok(Resolved(metrics, context))
     }
 }
 

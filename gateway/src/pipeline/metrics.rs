@@ -1,14 +1,26 @@
 //! Prometheus metrics: one process-wide recorder, rendered at `/metrics` on the admin
-//! listener, and the layer that counts every request by route and status.
+//! listener, and the layer that counts every request by route, status and tenant, ends its
+//! server span and writes its access-log line (see `crate::telemetry`).
 
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
-use http::{Method, Request, Response};
+use http::{HeaderName, HeaderValue, Method, Request, Response};
 use metrics::SharedString;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use opentelemetry::KeyValue;
+use portcullis_idempotency::IdempotencyOutcome;
+use portcullis_ratelimit::RateLimitOutcome;
 
+use crate::edge::request_id::X_REQUEST_ID;
+use crate::pipeline::context::RequestContext;
 use crate::pipeline::step::{Finish, Step};
+use crate::pipeline::tenant::Caller;
+use crate::telemetry::{AccessLine, Counted, Exchange, Telemetry};
+use crate::upstream::forwarded::PeerAddr;
+
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// Latency buckets in seconds: 100 µs to 30 s (the longest synchronous retry budget).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -34,47 +46,137 @@ pub fn install() -> Option<PrometheusHandle> {
         .clone()
 }
 
-/// Counts requests and observes latency by route and status (a [`Step`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Observe;
+/// Counts requests, opens the request's trace and writes its access-log line (a [`Step`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Observe(Arc<Telemetry>);
+
+impl Observe {
+    /// Observes with `telemetry`.
+    pub(crate) fn new(telemetry: Arc<Telemetry>) -> Self {
+        Self(telemetry)
+    }
+}
 
 /// What [`Observe`] remembers of a request until its response.
 pub(crate) struct Observed {
     started: tokio::time::Instant,
-    method: Method,
+    telemetry: Arc<Telemetry>,
+    exchange: Arc<Exchange>,
+    peer: Option<IpAddr>,
+    /// Only when the access log is written: method, path and `Idempotency-Key`.
+    request: Option<(Method, String, Option<HeaderValue>)>,
 }
 
 impl Step for Observe {
     type Finish = Observed;
 
     fn step(&self, request: &mut Request<Body>) -> Result<Observed, Response<Body>> {
+        let started = tokio::time::Instant::now();
+        let telemetry = &self.0;
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let exchange = Arc::new(Exchange::open(telemetry, request, peer));
+        request.extensions_mut().insert(exchange.clone());
+        let logged = telemetry.access_log_enabled().then(|| {
+            let uri = request.uri();
+            let path = match (telemetry.access_log_query(), uri.path_and_query()) {
+                (true, Some(full)) => full.as_str().to_owned(),
+                _ => uri.path().to_owned(),
+            };
+            let key = request.headers().get(&IDEMPOTENCY_KEY).cloned();
+            (request.method().clone(), path, key)
+        });
+        if logged.is_some() {
+            // A declared length is what will be read (the limits layer holds the body to
+            // it); a chunked body is counted as it is read.
+            match http_body::Body::size_hint(request.body()).exact() {
+                Some(length) => exchange.add_bytes_in(length),
+                None => {
+                    let body = std::mem::take(request.body_mut());
+                    *request.body_mut() = Counted::wrap(body, exchange.clone());
+                }
+            }
+        }
         Ok(Observed {
-            started: tokio::time::Instant::now(),
-            method: request.method().clone(),
+            started,
+            telemetry: telemetry.clone(),
+            exchange,
+            peer,
+            request: logged,
         })
     }
 }
 
 impl Finish for Observed {
     fn finish(self, response: Response<Body>) -> Response<Body> {
-        let Self { started, method } = self;
+        let Self {
+            started,
+            telemetry,
+            exchange,
+            peer,
+            request,
+        } = self;
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
-        // The router hands the matched route's metrics back on the response.
-        let metrics = match response.extensions().get::<RouteMetrics>() {
+        let extensions = response.extensions();
+        // The router hands the matched route's metrics and the request context back on the
+        // response; the rate-limit and idempotency layers their decisions.
+        let metrics = match extensions.get::<RouteMetrics>() {
             Some(route) => route,
             None => unmatched(),
         };
         metrics.record(status, elapsed);
-        tracing::debug!(
-            target: "portcullis::access",
-            %method,
-            route = metrics.label(),
+        let context = RequestContext::of(extensions);
+        let tenant = context.and_then(|c| match &c.caller {
+            Caller::Tenant(tenant) => Some(&tenant.id),
+            _ => None,
+        });
+        let rate_limit = extensions.get::<RateLimitOutcome>().copied();
+        let idempotency = extensions.get::<IdempotencyOutcome>().copied();
+        telemetry.tenants().of(tenant.map(|t| &**t)).record(
             status,
-            latency_ms = elapsed.as_secs_f64() * 1000.0,
-            "request"
+            rate_limit == Some(RateLimitOutcome::Limited),
+            elapsed,
         );
-        response
+        let rate_limit = rate_limit.map_or("-", RateLimitOutcome::as_str);
+        let idempotency = idempotency.map_or("-", IdempotencyOutcome::as_str);
+        let client_ip = context.map(|c| c.client.ip).or(peer);
+        let upstream = context.and_then(|c| telemetry.upstream_name(c.route.settings.upstream));
+        if let Some(span) = exchange.server_span().filter(|s| s.is_recording()) {
+            span.set_attributes([
+                KeyValue::new("http.route", metrics.label().to_owned()),
+                KeyValue::new("http.response.status_code", i64::from(status)),
+                KeyValue::new(
+                    "portcullis.tenant",
+                    tenant.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                ),
+                KeyValue::new("portcullis.ratelimit", rate_limit),
+                KeyValue::new("portcullis.idempotency", idempotency),
+                KeyValue::new("portcullis.attempts", i64::from(exchange.attempts())),
+            ]);
+            if let Some(ip) = client_ip {
+                span.set_attribute(KeyValue::new("client.address", ip.to_string()));
+            }
+            if let Some(upstream) = upstream {
+                span.set_attribute(KeyValue::new("portcullis.upstream", upstream.to_string()));
+            }
+            if status >= 500 {
+                span.set_status(opentelemetry::trace::Status::error("server error"));
+            }
+            span.end();
+        }
+        let Some((method, path, idempotency_key)) = request else {
+            return response;
+        };
+        let mut line = AccessLine::new(started, exchange.clone(), method, path, status);
+        line.request_id = response.headers().get(&X_REQUEST_ID).cloned();
+        line.tenant = tenant.cloned();
+        line.client_ip = client_ip;
+        line.route = metrics.label_arc();
+        line.upstream = upstream.cloned();
+        line.rate_limit = rate_limit;
+        line.idempotency = idempotency;
+        line.idempotency_key = idempotency_key;
+        line.attach(response)
     }
 }
 
@@ -105,6 +207,11 @@ impl RouteMetrics {
     /// The `route` label.
     pub fn label(&self) -> &str {
         &self.0.label
+    }
+
+    /// The `route` label, shared.
+    pub(crate) fn label_arc(&self) -> Arc<str> {
+        self.0.label.clone()
     }
 
     /// Counts one answer with `status` that took `elapsed`.

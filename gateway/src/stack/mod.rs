@@ -24,6 +24,7 @@ use crate::pipeline::rescue::RescueLayer;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::shed::LoadShed;
 use crate::pipeline::step::StepLayer;
+use crate::telemetry::Telemetry;
 use crate::upstream::forwarded::TrustedProxies;
 use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
 use axum::body::Body;
@@ -74,12 +75,13 @@ where
 {
     // `[auth.jwt]`: the verifier; its key refresher stops when the stack is dropped.
     let jwt = config.auth.jwt.clone().map(JwtAuth::start);
+    let telemetry = Arc::new(Telemetry::new(config, trusted.clone()));
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(StepLayer::new(GrpcAnswers)) // the gateway's problems to a gRPC call answered as grpc-status (Trailers-Only)
         .layer(HealthRoutesLayer::new(parts.health)) // /healthz and /readyz for load balancers
         .map_request(crate::edge::hop_by_hop::strip_client_request::<axum::body::Body>) // client's hop-by-hop fields, before any layer adds or reads one; ours cannot be named away
-        .layer(StepLayer::new(Observe)) // metrics + access log for every routed answer (refusals above count in requests_refused_total)
+        .layer(StepLayer::new(Observe::new(telemetry))) // trace context (trusted peers only), server span, metrics per route and tenant, access log for every routed answer (refusals above count in requests_refused_total)
         .layer(StepLayer::new(RequestId)) // X-Request-Id in and out
         .layer(StepLayer::new(Limits::new(
             config.server.max_body_bytes,

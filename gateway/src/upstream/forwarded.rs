@@ -34,8 +34,8 @@ impl TrustedProxies {
         Self(nets)
     }
 
-    /// Whether `ip` is a trusted proxy.
-    fn contains(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is a trusted proxy (also whose W3C trace context is continued).
+    pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.0.iter().any(|net| net.contains(&ip))
     }

@@ -29,6 +29,7 @@ use crate::config::{
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
+use crate::telemetry::Attempt;
 use crate::upstream::balance::discovery::{self, Sources};
 use crate::upstream::balance::{
     Address, Clock, Endpoint, EndpointSet, EndpointState, InFlight, Now, Outcome,
@@ -380,9 +381,10 @@ impl Service<Request<Body>> for Proxy {
         // Latency is only needed by peak_ewma; round robin reads no clock.
         let started =
             (upstream.load_balancer == LoadBalancer::PeakEwma).then(|| upstream.clock.now());
-        let prepared = prepare(request, &context, &endpoint.address, id);
+        // The attempt's span and trace headers (see `crate::telemetry`).
+        let prepared = prepare(request, &context, &endpoint.address, id).map(Attempt::start);
         async move {
-            let request = prepared?;
+            let (request, attempt) = prepared?;
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
                 (request, None)
@@ -402,6 +404,7 @@ impl Service<Request<Body>> for Proxy {
                     .state
                     .observe_latency(Duration::from_nanos(now.saturating_sub(started)), now);
             }
+            attempt.end(result.as_ref().ok().map(|r| r.status().as_u16()));
             let response = result.map_err(|err| {
                 // The client's own body error, when it failed, explains the attempt's
                 // failure better than hyper's report of it (see `client_body`).

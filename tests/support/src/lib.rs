@@ -28,6 +28,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod h2frames;
 pub mod jwt;
+pub mod otlp;
 pub mod ports;
 pub mod postgres;
 pub mod process;

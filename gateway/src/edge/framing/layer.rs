@@ -46,6 +46,7 @@ impl Step for Smuggling {
 fn refuse(refusal: Refusal, peer: Option<std::net::SocketAddr>) -> Response<Body> {
     tracing::info!(
         reason = refusal.code(),
+        // Absent rather than `Some(…)`: logs never show Rust's `Option` formatting.
         peer = peer.map(tracing::field::display),
         "request refused before routing"
     );
