@@ -223,6 +223,10 @@ fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
                 u.circuit_breaker,
             )
             .with_client_retry_window(u.client_retry_window);
+            let dependency = match u.adaptive {
+                Some(adaptive) => dependency.with_adaptive(adaptive),
+                None => dependency,
+            };
             (Arc::new(Upstream::new(u)), Arc::new(dependency))
         })
         .unzip()

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
+    adaptive::{AdaptiveConfig, AdaptiveThrottle},
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
     exhausted::{Exhausted, DEFAULT_WINDOW},
@@ -21,6 +22,8 @@ pub struct Dependency {
     budget: RetryBudget,
     breaker: CircuitBreaker,
     exhausted: Exhausted,
+    /// `None` unless `adaptive = true`: then the request path touches nothing of it.
+    adaptive: Option<AdaptiveThrottle>,
     metrics: DependencyMetrics,
 }
 
@@ -43,6 +46,7 @@ impl Dependency {
             breaker: CircuitBreaker::new(name.clone(), breaker),
             metrics: DependencyMetrics::new(&name),
             exhausted: Exhausted::new(DEFAULT_WINDOW),
+            adaptive: None,
             name,
             endpoints,
             dedupes_idempotency_keys,
@@ -54,6 +58,23 @@ impl Dependency {
     pub fn with_client_retry_window(mut self, window: Duration) -> Self {
         self.exhausted = Exhausted::new(window);
         self
+    }
+
+    /// Learns the rate the upstream accepts from its 429/503 answers and latency, and
+    /// refuses requests over it at the edge (see the crate docs' "Adaptive throttling").
+    pub fn with_adaptive(mut self, config: AdaptiveConfig) -> Self {
+        self.adaptive = Some(AdaptiveThrottle::new(&self.name, config));
+        self
+    }
+
+    /// The upstream's adaptive throttle, when it has one.
+    pub fn adaptive(&self) -> Option<&AdaptiveThrottle> {
+        self.adaptive.as_ref()
+    }
+
+    /// The upstream's name (the `dependency` label), as configured.
+    pub fn upstream_name(&self) -> &str {
+        &self.name
     }
 
     /// Operations the layer recently gave up retrying.
