@@ -133,6 +133,10 @@ pub async fn run(
     }
 
     let (upstreams, dependencies) = upstreams(&config);
+    let mut fleet_rx = stop_rx.clone();
+    upstream::fleet::spawn(&config, &dependencies, async move {
+        let _ = fleet_rx.wait_for(|stop| *stop).await;
+    })?;
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
