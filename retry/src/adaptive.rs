@@ -21,8 +21,9 @@
 //!   latency is over `latency_tolerance` × its long-run average (and 25 ms above it): the
 //!   rate becomes `0.7 × min(measured sending rate, current rate)` and the bucket turns on.
 //!   The decrease happens once per congestion window, like TCP's: answers to attempts sent
-//!   *before* the last decrease do not decrease again (botocore decreases on each of them,
-//!   so a burst of 20 throttled answers in flight would cut the rate to 0.7^20 of it).
+//!   before the last decrease, or within the time of 10 sends at the new rate after it
+//!   (50 ms..1 s), do not decrease again. botocore decreases on each of them, so a burst of
+//!   20 throttled answers in flight would cut the rate to 0.7^20 of it.
 //! - **Accepted** — any other HTTP answer (2xx, 4xx, even a 500: the backend took the
 //!   request at that rate): the rate grows along the CUBIC curve
 //!   `0.4 · (t − K)³ + W_max`, `K = ∛(W_max · 0.3 / 0.4)`, concave back up to the rate of
@@ -73,6 +74,15 @@ const SMOOTHING: f64 = 0.8;
 const BUCKET_SECS: f64 = 0.1;
 /// Depth of the token bucket, in seconds of the rate (at least one token).
 const BURST_SECS: f64 = 0.1;
+/// A decrease is judged by the attempts sent after it: congestion reported for attempts
+/// sent within the time of this many sends at the new rate does not decrease again. A
+/// backend's own bucket is empty when it starts refusing and refills only at the
+/// difference between its capacity and the new rate, so the first few attempts after a
+/// decrease can still be refused; counting each would cut the rate to 0.7ⁿ of it.
+const WINDOW_SENDS: f64 = 10.0;
+/// Bounds of that window.
+const MIN_WINDOW: Duration = Duration::from_millis(50);
+const MAX_WINDOW: Duration = Duration::from_secs(1);
 /// Weights of the newest latency sample in the short and the long average.
 const LATENCY_SHORT_ALPHA: f64 = 0.25;
 const LATENCY_LONG_ALPHA: f64 = 0.02;
@@ -135,6 +145,8 @@ pub(crate) struct Controller {
     /// CUBIC's K: seconds from the last decrease back to `last_max`.
     k: f64,
     decreased_at: Option<Instant>,
+    /// Attempts sent within this long after a decrease do not decrease again.
+    window: Duration,
     sent: RateMeter,
     offered: RateMeter,
     latency: Latency,
@@ -144,6 +156,7 @@ pub(crate) struct Controller {
 /// botocore's `RateClocker`: requests per second, smoothed over 0.1 s buckets.
 #[derive(Debug, Default)]
 struct RateMeter {
+    started: bool,
     count: f64,
     bucket: f64,
     rate: f64,
@@ -338,6 +351,7 @@ impl Controller {
             last_max: 0.0,
             k: 0.0,
             decreased_at: None,
+            window: Duration::ZERO,
             sent: RateMeter::default(),
             offered: RateMeter::default(),
             latency: Latency::default(),
@@ -407,8 +421,11 @@ impl Controller {
 
     /// Multiplicative decrease, once per congestion window.
     fn decrease(&mut self, sent_at: Instant, now: Instant) {
-        if self.decreased_at.is_some_and(|at| sent_at < at) {
-            return; // sent before the last decrease: that one already answered for it
+        if self
+            .decreased_at
+            .is_some_and(|at| sent_at < at + self.window)
+        {
+            return; // sent before the last decrease took effect: that one answered for it
         }
         let measured = self.sent.estimate(self.secs(now));
         let base = if self.active {
@@ -425,8 +442,15 @@ impl Controller {
         self.last_max = base;
         self.k = (base * (1.0 - BETA) / SCALE).cbrt();
         self.rate = self.config.clamp(base * BETA);
+        self.window =
+            Duration::from_secs_f64(WINDOW_SENDS / self.rate).clamp(MIN_WINDOW, MAX_WINDOW);
         self.decreased_at = Some(now);
         self.active = true;
+        tracing::debug!(
+            measured_rate = measured,
+            rate = self.rate,
+            "adaptive: congestion, rate decreased"
+        );
     }
 
     /// Growth along the CUBIC curve since the last decrease.
@@ -472,6 +496,12 @@ impl RateMeter {
     /// Counts one event at `t` seconds; closes the bucket when `t` is in a later one.
     fn record(&mut self, t: f64) {
         let bucket = (t / BUCKET_SECS).floor() * BUCKET_SECS;
+        if !self.started {
+            // The first bucket opens with the first event, not when the gateway started:
+            // an upstream first called after an hour must not measure 1 request per hour.
+            self.started = true;
+            self.bucket = bucket;
+        }
         self.count += 1.0;
         if bucket > self.bucket {
             let current = self.count / (bucket - self.bucket);

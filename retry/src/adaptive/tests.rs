@@ -139,8 +139,11 @@ fn backs_off_on_429_and_503_once_per_window() {
         controller.observe(Signal::Congestion, t - MS, t + MS);
     }
     assert_eq!(controller.rate(t + MS), Some(first));
-    // A 503 to an attempt sent after it: decreases again.
-    let later = t + 10 * MS;
+    // So do answers to the next few attempts (10 sends at the new rate: ~150 ms).
+    controller.observe(Signal::Congestion, t + 50 * MS, t + 51 * MS);
+    assert_eq!(controller.rate(t + 51 * MS), Some(first));
+    // A 503 to an attempt sent after that window: decreases again.
+    let later = t + 200 * MS;
     controller.observe(
         Signal::of(AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE), MS),
         later,
@@ -313,4 +316,21 @@ async fn a_fleet_share_caps_a_replica_until_it_lapses() {
     assert_eq!(throttle.rate(), None, "lapsed: on its own again");
     assert!(throttle.admit(true).is_ok());
     assert!(throttle.admit(true).is_ok());
+}
+
+#[test]
+fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    // First called an hour after start-up, at 100 req/s.
+    let first = start + Duration::from_secs(3600);
+    for i in 0..50 {
+        let now = first + 10 * MS * i;
+        controller.admit(now, true).expect("no limit yet");
+        controller.observe(Signal::Accepted(MS), now, now + MS);
+    }
+    let t = first + Duration::from_millis(500);
+    controller.observe(Signal::Congestion, t, t);
+    let rate = controller.rate(t).expect("learned");
+    assert!(rate > 50.0, "0.7 × ~100, not the floor: {rate}");
 }
