@@ -198,5 +198,5 @@ PY
 }
 
 echo "upstream: $CAPACITY req/s (429 above); $CLIENTS clients x $RATE req/s, $OPS operations each, honouring Retry-After"
-run adaptive "adaptive = true"
+run adaptive "${ADAPTIVE:-adaptive = true}"
 run off ""

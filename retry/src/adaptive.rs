@@ -34,11 +34,12 @@
 //!   say nothing about the rate a backend accepts; they are the circuit breaker's business
 //!   and leave the rate alone.
 //!
-//! A request over the rate is refused at the edge (503 `upstream-throttled` with a
-//! `Retry-After` of the time until the next token, rounded up to whole seconds) instead of
-//! being sent; a retry over the rate is not sent either, and the upstream's own answer is
-//! returned. The bucket holds 0.1 s of the rate (at least one token), so arrivals are
-//! smoothed to the rate the backend takes rather than forwarded in bursts.
+//! A request whose token is due within 50 ms waits for it (pacing: clumps of arrivals leave
+//! evenly spaced); one over the rate beyond that is refused at the edge (503
+//! `upstream-throttled` with a `Retry-After` of the time until the next token, rounded up to
+//! whole seconds) instead of being sent. A retry over the rate is not sent either, and the
+//! upstream's own answer is returned. The bucket holds 0.1 s of the rate (at least one
+//! token), so the backend sees the rate it takes rather than bursts.
 //!
 //! # Across replicas
 //!
@@ -83,6 +84,11 @@ const WINDOW_SENDS: f64 = 10.0;
 /// Bounds of that window.
 const MIN_WINDOW: Duration = Duration::from_millis(50);
 const MAX_WINDOW: Duration = Duration::from_secs(1);
+/// A request whose token comes within this long waits for it instead of being refused:
+/// requests arriving in clumps leave evenly spaced (a backend's own bucket is often only a
+/// few requests deep), and a client is not sent away for a second over a few milliseconds.
+/// Longer waits are refused: the layer paces, it does not queue.
+pub(crate) const MAX_PACE: Duration = Duration::from_millis(50);
 /// Weights of the newest latency sample in the short and the long average.
 const LATENCY_SHORT_ALPHA: f64 = 0.25;
 const LATENCY_LONG_ALPHA: f64 = 0.02;
@@ -252,9 +258,10 @@ impl AdaptiveThrottle {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes a token for one attempt (`first`: a new request, counted as demand), or says
-    /// how long until the next one.
-    pub(crate) fn admit(&self, first: bool) -> Result<(), Duration> {
+    /// Takes a token for one attempt (`first`: a new request, counted as demand): `Ok` with
+    /// the time to wait before sending it (at most [`MAX_PACE`]), or `Err` with the time
+    /// until the next token.
+    pub(crate) fn admit(&self, first: bool) -> Result<Duration, Duration> {
         let refused = self.lock().admit(Instant::now(), first);
         if refused.is_err() {
             let label = &self.metrics.label;
@@ -373,7 +380,9 @@ impl Controller {
         }
     }
 
-    pub(crate) fn admit(&mut self, now: Instant, first: bool) -> Result<(), Duration> {
+    /// `Ok(pace)`: admitted, to be sent after `pace` (zero, or the time until its token when
+    /// that is within [`MAX_PACE`]); `Err(wait)`: refused, the next token comes after `wait`.
+    pub(crate) fn admit(&mut self, now: Instant, first: bool) -> Result<Duration, Duration> {
         let t = self.secs(now);
         if first {
             self.offered.record(t);
@@ -383,15 +392,18 @@ impl Controller {
             self.tokens = 1.0;
             self.refilled_at = now;
             self.sent.record(t);
-            return Ok(());
+            return Ok(Duration::ZERO);
         };
         self.refill(now, rate);
-        if self.tokens >= 1.0 {
+        let wait = Duration::from_secs_f64(((1.0 - self.tokens) / rate).max(0.0));
+        if wait <= MAX_PACE {
+            // The token is taken now, ahead of time if need be: later requests see a
+            // bucket below zero and wait behind this one.
             self.tokens -= 1.0;
             self.sent.record(t);
-            Ok(())
+            Ok(wait)
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+            Err(wait)
         }
     }
 

@@ -122,12 +122,15 @@ where
         .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?;
     // Over the rate the upstream was learned to accept: answered here, never sent.
     if let Some(throttle) = dep.adaptive() {
-        throttle
+        let pace = throttle
             .admit(true)
             .map_err(|retry_after| RetryError::Throttled {
                 retry_after,
                 rate: throttle.rate().unwrap_or_default(),
             })?;
+        if !pace.is_zero() {
+            sleep(pace).await;
+        }
     }
 
     let (parts, body) = req.into_parts();

@@ -58,12 +58,13 @@ fn drive(
     let step = Duration::from_secs(1) / offered;
     let mut out = vec![(0, 0, 0); secs as usize];
     for i in 0..offered * secs {
-        let now = start + step * i;
+        let arrived = start + step * i;
         let second = &mut out[(i / offered) as usize];
-        if controller.admit(now, true).is_err() {
+        let Ok(pace) = controller.admit(arrived, true) else {
             second.2 += 1;
             continue;
-        }
+        };
+        let now = arrived + pace;
         second.0 += 1;
         let answered = now + 2 * MS;
         let signal = if backend.accepts(now) {
@@ -333,4 +334,22 @@ fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
     controller.observe(Signal::Congestion, t, t);
     let rate = controller.rate(t).expect("learned");
     assert!(rate > 50.0, "0.7 × ~100, not the floor: {rate}");
+}
+
+#[test]
+fn a_token_due_soon_is_waited_for_and_later_requests_queue_behind_it() {
+    let start = Instant::now();
+    let config = AdaptiveConfig::try_new(50.0, Some(50.0), 0.0).expect("valid");
+    let mut controller = Controller::new(config, start);
+    controller.observe(Signal::Congestion, start, start);
+    assert_eq!(controller.rate(start), Some(50.0));
+    // 50 req/s: a token every 20 ms; three arrive at once: they leave 20 ms apart.
+    let t = start + Duration::from_millis(20);
+    assert_eq!(controller.admit(t, true), Ok(Duration::ZERO));
+    let pace = controller.admit(t, true).expect("paced");
+    assert!((19 * MS..=21 * MS).contains(&pace), "{pace:?}");
+    let pace = controller.admit(t, true).expect("paced");
+    assert!((39 * MS..=41 * MS).contains(&pace), "{pace:?}");
+    // The next one would wait 60 ms: refused.
+    assert!(controller.admit(t, true).is_err());
 }
