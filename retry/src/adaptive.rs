@@ -19,15 +19,17 @@
 //! - **Congestion** — a 429 or 503 (with or without `Retry-After`), gRPC
 //!   `RESOURCE_EXHAUSTED`/`UNAVAILABLE`, an attempt timeout, or a success whose smoothed
 //!   latency is over `latency_tolerance` × its long-run average (and 25 ms above it): the
-//!   rate becomes `0.7 × min(measured sending rate, current rate)` and the bucket turns on.
+//!   rate becomes `0.8 × min(measured sending rate, current rate)` and the bucket turns on
+//!   (botocore and CUBIC use 0.7; with 0.8 the sawtooth below the capacity is shallower,
+//!   which keeps ≥ 90 % of a 50 req/s backend in use in the unit test's synthetic run).
 //!   The decrease happens once per congestion window, like TCP's: answers to attempts sent
 //!   before the last decrease, or within the time of 10 sends at the new rate after it
 //!   (50 ms..1 s), do not decrease again. botocore decreases on each of them, so a burst of
-//!   20 throttled answers in flight would cut the rate to 0.7^20 of it.
+//!   20 throttled answers in flight would cut the rate to β^20 of it.
 //! - **Accepted** — any other HTTP answer (2xx, 4xx, even a 500: the backend took the
 //!   request at that rate): the rate grows along the CUBIC curve
-//!   `0.4 · (t − K)³ + W_max`, `K = ∛(W_max · 0.3 / 0.4)`, concave back up to the rate of
-//!   the last decrease `W_max` within `K` seconds (3.3 s for 50 req/s), then probing beyond
+//!   `0.4 · (t − K)³ + W_max`, `K = ∛(W_max · (1 − β) / 0.4)`, concave back up to the rate of
+//!   the last decrease `W_max` within `K` seconds (2.9 s for 50 req/s), then probing beyond
 //!   it slowly at first. It never exceeds twice the measured sending rate (botocore), so a
 //!   quiet period cannot grow a meaningless limit that a burst would then overrun.
 //! - **Unrelated** — failures below HTTP (connect refused or timeout, DNS, resets, TLS)
@@ -65,8 +67,8 @@ use tokio::time::Instant;
 
 use super::{classify::AttemptOutcome, policy::InvalidRetryConfig};
 
-/// Multiplicative decrease on congestion (CUBIC's β, botocore's `_BETA`).
-const BETA: f64 = 0.7;
+/// Multiplicative decrease on congestion (CUBIC's β; botocore's `_BETA` is 0.7).
+const BETA: f64 = 0.8;
 /// CUBIC's scaling constant C (botocore's `_SCALE_CONSTANT`).
 const SCALE: f64 = 0.4;
 /// Weight of the newest 0.1 s bucket in the measured sending rate (botocore).
@@ -79,7 +81,7 @@ const BURST_SECS: f64 = 0.1;
 /// sent within the time of this many sends at the new rate does not decrease again. A
 /// backend's own bucket is empty when it starts refusing and refills only at the
 /// difference between its capacity and the new rate, so the first few attempts after a
-/// decrease can still be refused; counting each would cut the rate to 0.7ⁿ of it.
+/// decrease can still be refused; counting each would cut the rate to βⁿ of it.
 const WINDOW_SENDS: f64 = 10.0;
 /// Bounds of that window.
 const MIN_WINDOW: Duration = Duration::from_millis(50);
