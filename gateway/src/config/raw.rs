@@ -264,8 +264,7 @@ pub struct RawUpstream {
 }
 
 /// `adaptive = true | false | { min_rate, max_rate, latency_tolerance }` on an upstream.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, Default)]
 pub enum RawAdaptive {
     /// `adaptive = false` or absent.
     #[default]
@@ -294,6 +293,16 @@ impl Default for RawAdaptiveBounds {
             min_rate: portcullis_retry::DEFAULT_MIN_RATE,
             max_rate: None,
             latency_tolerance: portcullis_retry::DEFAULT_LATENCY_TOLERANCE,
+        }
+    }
+}
+
+impl Serialize for RawAdaptive {
+    // `check-config` prints the effective file: `adaptive = false` or the table.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Off => serializer.serialize_bool(false),
+            Self::On(bounds) => bounds.serialize(serializer),
         }
     }
 }

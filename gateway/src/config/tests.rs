@@ -286,6 +286,12 @@ fn adaptive_is_off_by_default_and_true_or_a_table_turns_it_on() {
         config.upstreams[0].adaptive,
         Some(portcullis_retry::AdaptiveConfig::default())
     );
+    // The effective file (`check-config`) prints both forms and reads them back.
+    for value in ["false", "{ min_rate = 2, max_rate = 500 }"] {
+        let raw: raw::RawConfig = toml::from_str(&with(value)).unwrap();
+        let printed = toml::to_string(&raw).unwrap();
+        assert!(Config::parse(&printed, &env()).is_ok(), "{printed}");
+    }
     let config = Config::parse(&with("{ min_rate = 2, max_rate = 500 }"), &env()).unwrap();
     assert_eq!(
         config.upstreams[0].adaptive,
