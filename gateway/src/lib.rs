@@ -152,6 +152,10 @@ pub async fn run(
             .map(|(u, settings)| (u.clone(), settings.retry.clone()))
             .collect(),
     ));
+    let mut fleet_rx = stop_rx.clone();
+    upstream::fleet::spawn(&config, &dependencies, async move {
+        let _ = fleet_rx.wait_for(|stop| *stop).await;
+    })?;
     let (admin_directory, admin_idempotency) = (directory.clone(), idempotency_store.clone());
     let mut refresh_rx = stop_rx.clone();
     tokio::spawn(directory.clone().keep_fresh(db.clone(), async move {
@@ -237,16 +241,18 @@ fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
         .upstreams
         .iter()
         .map(|u| {
-            let dependency = Arc::new(
-                Dependency::new(
-                    u.name.as_str(),
-                    u.endpoints.len(),
-                    u.dedupes_idempotency_keys,
-                    u.budget,
-                    u.circuit_breaker,
-                )
-                .with_client_retry_window(u.client_retry_window),
-            );
+            let dependency = Dependency::new(
+                u.name.as_str(),
+                u.endpoints.len(),
+                u.dedupes_idempotency_keys,
+                u.budget,
+                u.circuit_breaker,
+            )
+            .with_client_retry_window(u.client_retry_window);
+            let dependency = Arc::new(match u.adaptive {
+                Some(adaptive) => dependency.with_adaptive(adaptive),
+                None => dependency,
+            });
             let hosts_file = config.discovery.hosts_file.as_deref();
             let upstream = Upstream::new(u, hosts_file, dependency.clone());
             (Arc::new(upstream), dependency)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
+    adaptive::{AdaptiveConfig, AdaptiveThrottle},
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
     exhausted::{Exhausted, DEFAULT_WINDOW},
@@ -24,6 +25,8 @@ pub struct Dependency {
     breaker: CircuitBreaker,
     exhausted: Exhausted,
     latency: Latency,
+    /// `None` unless `adaptive = true`: then the request path touches nothing of it.
+    adaptive: Option<AdaptiveThrottle>,
     metrics: DependencyMetrics,
 }
 
@@ -47,6 +50,7 @@ impl Dependency {
             metrics: DependencyMetrics::new(&name),
             exhausted: Exhausted::new(DEFAULT_WINDOW),
             latency: Latency::new(),
+            adaptive: None,
             name,
             endpoints: AtomicUsize::new(endpoints),
             dedupes_idempotency_keys,
@@ -58,6 +62,23 @@ impl Dependency {
     pub fn with_client_retry_window(mut self, window: Duration) -> Self {
         self.exhausted = Exhausted::new(window);
         self
+    }
+
+    /// Learns the rate the upstream accepts from its 429/503 answers and latency, and
+    /// refuses requests over it at the edge (see the crate docs' "Adaptive throttling").
+    pub fn with_adaptive(mut self, config: AdaptiveConfig) -> Self {
+        self.adaptive = Some(AdaptiveThrottle::new(&self.name, config));
+        self
+    }
+
+    /// The upstream's adaptive throttle, when it has one.
+    pub fn adaptive(&self) -> Option<&AdaptiveThrottle> {
+        self.adaptive.as_ref()
+    }
+
+    /// The upstream's name (the `dependency` label), as configured.
+    pub fn upstream_name(&self) -> &str {
+        &self.name
     }
 
     /// Operations the layer recently gave up retrying.

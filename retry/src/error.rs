@@ -79,6 +79,15 @@ pub enum RetryError<E> {
         /// Time until the breaker admits its next probe.
         retry_after: Duration,
     },
+    /// The upstream's adaptive throttle refused the request: it is over the rate the
+    /// upstream was learned to accept, so it was not sent.
+    #[error("upstream over its learned rate of {rate:.1} requests/s; retry after {retry_after:?}")]
+    Throttled {
+        /// Time until the throttle admits its next request.
+        retry_after: Duration,
+        /// The rate enforced, in requests per second.
+        rate: f64,
+    },
     /// Reading the client's request body for replay failed; nothing was sent upstream.
     #[error("reading the request body failed")]
     RequestBody(#[source] axum::Error),
@@ -89,7 +98,7 @@ pub enum RetryError<E> {
 impl<E: UpstreamFailure> RetryError<E> {
     /// True when no byte of the request can have reached the backend, so an idempotency
     /// key may be released: connect refused/timeout, DNS, reset before sending, TLS
-    /// handshake timeout, an open breaker, a deadline that passed before any attempt, an
+    /// handshake timeout, an open breaker, the adaptive throttle, a deadline that passed before any attempt, an
     /// unreadable request body.
     ///
     /// Only the last attempt is inspected. That is sound because of the safety ladder:
@@ -103,7 +112,10 @@ impl<E: UpstreamFailure> RetryError<E> {
                 e.kind().proves_unprocessed() || matches!(e.kind(), FailureKind::TlsCertificate)
             }
             Self::AttemptTimeout { .. } => false,
-            Self::DeadlineExceeded | Self::BreakerOpen { .. } | Self::RequestBody(_) => true,
+            Self::DeadlineExceeded
+            | Self::BreakerOpen { .. }
+            | Self::Throttled { .. }
+            | Self::RequestBody(_) => true,
         }
     }
 }

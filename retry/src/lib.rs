@@ -145,6 +145,7 @@
 //! `retry_budget_exhausted_total{dependency}`, `circuit_breaker_state{dependency}`
 //! (0 closed, 1 half-open, 2 open) and `circuit_breaker_rejected_total{dependency}`.
 
+mod adaptive;
 mod backoff;
 mod body;
 mod breaker;
@@ -168,6 +169,10 @@ mod tests;
 use std::sync::Arc;
 
 pub use self::{
+    adaptive::{
+        fleet_share, AdaptiveConfig, AdaptiveThrottle, FleetReport, DEFAULT_LATENCY_TOLERANCE,
+        DEFAULT_MIN_RATE,
+    },
     breaker::{BreakerConfig, DEFAULT_MIN_CALLERS},
     budget::BudgetConfig,
     clock::{SystemWallClock, WallClock},

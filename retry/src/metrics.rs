@@ -29,6 +29,7 @@ pub(crate) enum Stop {
     Probe,
     Pushback,
     ClientRetry,
+    Throttled,
 }
 
 /// The request-path metrics of one dependency (see the crate docs' "Observability").
@@ -61,7 +62,7 @@ pub(crate) struct BreakerMetrics {
 // === impl Stop ===
 
 impl Stop {
-    const COUNT: usize = 9;
+    const COUNT: usize = 10;
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -74,6 +75,7 @@ impl Stop {
             Self::Probe => "half_open_probe",
             Self::Pushback => "grpc_pushback",
             Self::ClientRetry => "client_retry",
+            Self::Throttled => "adaptive_throttled",
         }
     }
 }

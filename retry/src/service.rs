@@ -121,6 +121,18 @@ where
         .breaker()
         .try_acquire(caller)
         .map_err(|retry_after| RetryError::BreakerOpen { retry_after })?;
+    // Over the rate the upstream was learned to accept: answered here, never sent.
+    if let Some(throttle) = dep.adaptive() {
+        let pace = throttle
+            .admit(true)
+            .map_err(|retry_after| RetryError::Throttled {
+                retry_after,
+                rate: throttle.rate().unwrap_or_default(),
+            })?;
+        if !pace.is_zero() {
+            sleep(pace).await;
+        }
+    }
 
     let (parts, body) = req.into_parts();
     let mut body = if policy.max_retries() > 0 {
@@ -252,6 +264,9 @@ where
         };
         let now = Instant::now();
         dep.record_attempt(now.saturating_duration_since(started), now);
+        if let Some(throttle) = dep.adaptive() {
+            throttle.observe(outcome, started);
+        }
         let health = classify::breaker_outcome(outcome);
         let Some(rung) = classify::retry_rung(outcome, safety) else {
             permit.record(health);
@@ -293,6 +308,10 @@ where
             Some(Stop::Breaker)
         } else if !dep.budget().try_withdraw() {
             Some(Stop::Budget)
+        } else if dep.adaptive().is_some_and(|t| t.admit(false).is_err()) {
+            // A retry is an attempt like any other: over the learned rate it is not sent.
+            // Its token is taken now, before the backoff: the rate of sends is the same.
+            Some(Stop::Throttled)
         } else {
             None
         };

@@ -20,6 +20,8 @@ mod harness_services;
 mod retry_classification;
 // gRPC through the gateway (tonic on both sides): status ladder, grpc-timeout, refusals as grpc-status.
 mod grpc;
+// Adaptive throttling: 429s teach a rate, refusals at the edge (503 upstream-throttled), recovery, shared through Redis.
+mod adaptive;
 // Circuit breaker at the edge: one caller's failures never open it for everyone; an outage seen by many does.
 mod edge_breaker;
 // Tenant resolution: API keys (hashed), 401 for unknown keys, live revocation.

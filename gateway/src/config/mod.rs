@@ -265,6 +265,8 @@ pub struct UpstreamSettings {
     pub retry: RetryPolicy,
     /// Retry budget of this upstream.
     pub budget: BudgetConfig,
+    /// Adaptive throttling bounds; `None` when `adaptive` is off.
+    pub adaptive: Option<portcullis_retry::AdaptiveConfig>,
     /// How long a request the gateway gave up retrying is remembered (a client's retry of it
     /// gets one attempt); zero disables.
     pub client_retry_window: Duration,

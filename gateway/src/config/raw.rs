@@ -302,6 +302,82 @@ pub struct RawUpstream {
     /// Speak HTTP/2 to the upstream: prior knowledge (h2c) on http://, ALPN h2 on https://.
     #[serde(default)]
     pub http2: bool,
+    /// Adaptive throttling: `true`, or a table with its bounds. Off by default.
+    #[serde(default)]
+    pub adaptive: RawAdaptive,
+}
+
+/// `adaptive = true | false | { min_rate, max_rate, latency_tolerance }` on an upstream.
+#[derive(Debug, Clone, Default)]
+pub enum RawAdaptive {
+    /// `adaptive = false` or absent.
+    #[default]
+    Off,
+    /// `adaptive = true` or a table: on, with these bounds.
+    On(RawAdaptiveBounds),
+}
+
+/// The bounds of `adaptive = { … }`; every field has a default, so `adaptive = true` is
+/// the same as `adaptive = {}`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdaptiveBounds {
+    /// The lowest rate the controller backs off to, requests per second.
+    pub min_rate: f64,
+    /// A ceiling on the learned rate, requests per second (none by default).
+    pub max_rate: Option<f64>,
+    /// Latency gradient (short average over long average) read as congestion; 0 ignores
+    /// latency.
+    pub latency_tolerance: f64,
+}
+
+impl Default for RawAdaptiveBounds {
+    fn default() -> Self {
+        Self {
+            min_rate: portcullis_retry::DEFAULT_MIN_RATE,
+            max_rate: None,
+            latency_tolerance: portcullis_retry::DEFAULT_LATENCY_TOLERANCE,
+        }
+    }
+}
+
+impl Serialize for RawAdaptive {
+    // `check-config` prints the effective file: `adaptive = false` or the table.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Off => serializer.serialize_bool(false),
+            Self::On(bounds) => bounds.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawAdaptive {
+    // By hand rather than `untagged`, so a wrong table says which field is wrong instead
+    // of "did not match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawAdaptive;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("true, false or a table { min_rate, max_rate, latency_tolerance }")
+            }
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<RawAdaptive, E> {
+                Ok(if on {
+                    RawAdaptive::On(RawAdaptiveBounds::default())
+                } else {
+                    RawAdaptive::Off
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawAdaptive, A::Error> {
+                RawAdaptiveBounds::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawAdaptive::On)
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 fn default_load_balancer() -> String {

@@ -348,3 +348,57 @@ fn a_route_hedge_is_a_percentile_or_a_short_delay() {
         );
     }
 }
+
+#[test]
+fn adaptive_is_off_by_default_and_true_or_a_table_turns_it_on() {
+    let with = |value: &str| {
+        MINIMAL.replace(
+            "endpoints = [\"http://127.0.0.1:9001\"]",
+            &format!("endpoints = [\"http://127.0.0.1:9001\"]\nadaptive = {value}"),
+        )
+    };
+    let config = Config::parse(MINIMAL, &env()).unwrap();
+    assert_eq!(config.upstreams[0].adaptive, None);
+    let config = Config::parse(&with("false"), &env()).unwrap();
+    assert_eq!(config.upstreams[0].adaptive, None);
+    let config = Config::parse(&with("true"), &env()).unwrap();
+    assert_eq!(
+        config.upstreams[0].adaptive,
+        Some(portcullis_retry::AdaptiveConfig::default())
+    );
+    // The effective file (`check-config`) prints both forms and reads them back.
+    for value in ["false", "{ min_rate = 2, max_rate = 500 }"] {
+        let raw: raw::RawConfig = toml::from_str(&with(value)).unwrap();
+        let printed = toml::to_string(&raw).unwrap();
+        assert!(Config::parse(&printed, &env()).is_ok(), "{printed}");
+    }
+    let config = Config::parse(&with("{ min_rate = 2, max_rate = 500 }"), &env()).unwrap();
+    assert_eq!(
+        config.upstreams[0].adaptive,
+        Some(portcullis_retry::AdaptiveConfig::try_new(2.0, Some(500.0), 2.0).unwrap())
+    );
+    for (value, field) in [
+        ("{ min_rate = 0 }", "upstreams[0].adaptive.min_rate"),
+        (
+            "{ min_rate = 5, max_rate = 1 }",
+            "upstreams[0].adaptive.max_rate",
+        ),
+        (
+            "{ latency_tolerance = 1.1 }",
+            "upstreams[0].adaptive.latency_tolerance",
+        ),
+        ("{ min_rate = nan }", "upstreams[0].adaptive.min_rate"),
+    ] {
+        assert_eq!(
+            invalid_paths(&with(value)),
+            vec![field.to_owned()],
+            "{value}"
+        );
+    }
+    // Unknown fields and wrong types name the field too.
+    let err = Config::parse(&with("{ rate = 5 }"), &env()).unwrap_err();
+    assert!(err.to_string().contains("upstreams[0].adaptive"), "{err}");
+    assert!(err.to_string().contains("rate"), "{err}");
+    let err = Config::parse(&with("\"yes\""), &env()).unwrap_err();
+    assert!(err.to_string().contains("upstreams[0].adaptive"), "{err}");
+}

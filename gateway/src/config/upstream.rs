@@ -7,10 +7,11 @@ use std::time::Duration;
 use super::balance::{self, MAX_WEIGHT};
 use super::duration::AttemptTimeout;
 use super::error::Issues;
-use super::raw::{RawHedge, RawRetry, RawRouteRetry, RawUpstream};
+use super::raw::{RawAdaptive, RawHedge, RawRetry, RawRouteRetry, RawUpstream};
 use super::UpstreamSettings;
 use portcullis_retry::{
-    BreakerConfig, BudgetConfig, HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy,
+    AdaptiveConfig, BreakerConfig, BudgetConfig, HedgeAfter, InvalidRetryConfig, Jitter,
+    RetryParams, RetryPolicy,
 };
 
 /// Contract: connect timeouts between 1 and 3 s.
@@ -143,6 +144,12 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         Duration::ZERO,
         Duration::from_secs(300),
     );
+    let adaptive = match &raw.adaptive {
+        RawAdaptive::Off => None,
+        RawAdaptive::On(b) => AdaptiveConfig::try_new(b.min_rate, b.max_rate, b.latency_tolerance)
+            .map_err(|err| report(issues, &format!("{path}.adaptive"), err))
+            .ok(),
+    };
     let all: Vec<http::Uri> = endpoints.iter().chain(&file_endpoints).cloned().collect();
     let tls = super::tls::upstream_tls(path, raw, &all, issues);
     UpstreamSettings {
@@ -154,6 +161,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
         retry,
         budget,
         client_retry_window: raw.retry.client_retry_window.get(),
+        adaptive,
         circuit_breaker,
         pool_max_idle: raw.pool_max_idle,
         tls,

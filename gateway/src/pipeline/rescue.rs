@@ -68,6 +68,14 @@ impl IntoProblem for RetryError<ProxyError> {
                 "the upstream is failing and its circuit breaker is open; the request was not sent. Retry after the indicated delay with backoff and jitter",
             )
             .retry_after(*retry_after),
+            RetryError::Throttled { retry_after, rate } => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream-throttled",
+                "Upstream at its learned capacity",
+                "the upstream has been answering 429/503 and the gateway holds requests to the rate it accepts; this one was not sent. Retry after the indicated delay with backoff and jitter",
+            )
+            .with("rate", (rate * 10.0).round() / 10.0)
+            .retry_after(*retry_after),
             RetryError::RequestBody(err) => match crate::edge::limits::body_too_large(err) {
                 Some(too_large) => Problem::body_too_large(too_large.limit),
                 None if crate::edge::body_timeout::is_body_timeout(err) => Problem::new(
@@ -329,6 +337,15 @@ mod tests {
                 true,
             ),
             (
+                RetryError::Throttled {
+                    retry_after: Duration::from_millis(20),
+                    rate: 49.96,
+                },
+                503,
+                "upstream-throttled",
+                true,
+            ),
+            (
                 RetryError::RequestBody(axum::Error::new(crate::edge::body_timeout::BodyTimeout(
                     Duration::from_secs(10),
                 ))),
@@ -368,5 +385,24 @@ mod tests {
         };
         let response = err.problem().into_response();
         assert_eq!(response.headers()[http::header::RETRY_AFTER], "3");
+    }
+
+    #[tokio::test]
+    async fn a_throttled_request_says_when_to_come_back_and_the_rate() {
+        let err: E = RetryError::Throttled {
+            retry_after: Duration::from_millis(20),
+            rate: 49.96,
+        };
+        let (_, json, _) = answer(err).await;
+        assert_eq!(json["rate"], 50.0);
+        let err: E = RetryError::Throttled {
+            retry_after: Duration::from_millis(20),
+            rate: 49.96,
+        };
+        // Whole seconds, never 0 (sub-second waits round up).
+        assert_eq!(
+            err.problem().into_response().headers()[http::header::RETRY_AFTER],
+            "1"
+        );
     }
 }

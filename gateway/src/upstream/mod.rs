@@ -2,8 +2,10 @@
 //! ([`balance`]), the pooled client that sends one attempt ([`proxy`], with its
 //! connector, DNS resolver and error classification), the headers the gateway sends about
 //! the client ([`forwarded`]), and the built-in demo upstream ([`demo`]).
+//! [`fleet`] shares the adaptive upstreams' learned limits across replicas.
 
 pub(crate) mod balance;
 pub mod demo;
+pub(crate) mod fleet;
 pub mod forwarded;
 pub mod proxy;

@@ -1,6 +1,7 @@
 //! Service-level tests of the retry layer: a scripted upstream records every attempt's
 //! time (paused tokio clock), headers, extensions and body.
 
+mod adaptive;
 mod client_retries;
 mod grpc;
 mod hedge;

@@ -1,0 +1,358 @@
+//! The controller against a synthetic backend, on explicit instants (the controller takes
+//! `now`) and on tokio's paused clock (the throttle reads it).
+
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::Instant;
+
+use super::*;
+use crate::error::FailureKind;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A backend that accepts `capacity` req/s (a token bucket `burst` deep) and answers 429
+/// above it.
+struct Backend {
+    capacity: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Backend {
+    fn new(capacity: f64, burst: f64, now: Instant) -> Self {
+        Self {
+            capacity,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    fn accepts(&mut self, now: Instant) -> bool {
+        let elapsed = (now - self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.capacity).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Per second of the run: (requests that reached the backend, requests it accepted,
+/// requests refused at the edge).
+type Seconds = Vec<(u32, u32, u32)>;
+
+/// Offers `offered` req/s evenly for `secs` seconds; the backend answers after 2 ms.
+fn drive(
+    controller: &mut Controller,
+    backend: &mut Backend,
+    start: Instant,
+    offered: u32,
+    secs: u32,
+) -> Seconds {
+    let step = Duration::from_secs(1) / offered;
+    let mut out = vec![(0, 0, 0); secs as usize];
+    for i in 0..offered * secs {
+        let arrived = start + step * i;
+        let second = &mut out[(i / offered) as usize];
+        let Ok(pace) = controller.admit(arrived, true) else {
+            second.2 += 1;
+            continue;
+        };
+        let now = arrived + pace;
+        second.0 += 1;
+        let answered = now + 2 * MS;
+        let signal = if backend.accepts(now) {
+            second.1 += 1;
+            Signal::Accepted(2 * MS)
+        } else {
+            Signal::Congestion
+        };
+        controller.observe(signal, now, answered);
+    }
+    out
+}
+
+/// The goal on the bare controller: a backend taking 50 req/s, offered 200 req/s,
+/// sees at most 1.1× its capacity after 5 s and keeps at least 90 % of it in use.
+#[test]
+fn converges_to_the_capacity_of_the_backend() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    let mut backend = Backend::new(50.0, 5.0, start);
+    let seconds = drive(&mut controller, &mut backend, start, 200, 30);
+    let settled = &seconds[5..];
+    for (i, (reached, accepted, _)) in settled.iter().enumerate() {
+        assert!(
+            *reached <= 55,
+            "second {}: {reached} reached the backend: {seconds:?}",
+            i + 5
+        );
+        assert!(
+            *accepted >= 35,
+            "second {}: only {accepted} accepted: {seconds:?}",
+            i + 5
+        );
+    }
+    let accepted: u32 = settled.iter().map(|s| s.1).sum();
+    let mean = f64::from(accepted) / settled.len() as f64;
+    assert!(mean >= 45.0, "mean accepted {mean}/s: {seconds:?}");
+}
+
+#[test]
+fn nothing_is_refused_before_the_backend_throttles() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    let mut backend = Backend::new(1000.0, 100.0, start);
+    let seconds = drive(&mut controller, &mut backend, start, 200, 5);
+    assert!(
+        seconds.iter().all(|s| s.2 == 0 && s.0 == 200),
+        "{seconds:?}"
+    );
+    assert_eq!(controller.rate(start + Duration::from_secs(5)), None);
+}
+
+#[test]
+fn backs_off_on_429_and_503_once_per_window() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    // 100 req/s for a second, all accepted: the measured rate is about 100.
+    for i in 0..100 {
+        let now = start + 10 * MS * i;
+        controller.admit(now, true).expect("no limit yet");
+        controller.observe(Signal::Accepted(MS), now, now + MS);
+    }
+    let t = start + Duration::from_secs(1);
+    controller.observe(
+        Signal::of(AttemptOutcome::Status(StatusCode::TOO_MANY_REQUESTS), MS),
+        t,
+        t,
+    );
+    let first = controller.rate(t).expect("a limit after a 429");
+    assert!(
+        (BETA * 90.0..=BETA * 105.0).contains(&first),
+        "β × ~100: {first}"
+    );
+    // Twenty more answers to attempts sent before the decrease: no further decrease.
+    for _ in 0..20 {
+        controller.observe(Signal::Congestion, t - MS, t + MS);
+    }
+    assert_eq!(controller.rate(t + MS), Some(first));
+    // So do answers to the next few attempts (10 sends at the new rate: ~150 ms).
+    controller.observe(Signal::Congestion, t + 50 * MS, t + 51 * MS);
+    assert_eq!(controller.rate(t + 51 * MS), Some(first));
+    // A 503 to an attempt sent after that window: decreases again.
+    let later = t + 200 * MS;
+    controller.observe(
+        Signal::of(AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE), MS),
+        later,
+        later,
+    );
+    let second = controller.rate(later).expect("limit");
+    assert!((second - first * BETA).abs() < 1.0, "{first} → {second}");
+}
+
+#[test]
+fn timeouts_count_as_congestion_and_unrelated_failures_do_not() {
+    let t = Duration::from_secs(1);
+    assert_eq!(Signal::of(AttemptOutcome::Timeout, t), Signal::Congestion);
+    assert_eq!(
+        Signal::of(AttemptOutcome::Grpc(GrpcCode::ResourceExhausted), t),
+        Signal::Congestion
+    );
+    for kind in [
+        FailureKind::ConnectRefused,
+        FailureKind::ConnectTimeout,
+        FailureKind::ResetAfterSent,
+        FailureKind::Dns,
+    ] {
+        assert_eq!(
+            Signal::of(AttemptOutcome::Failure(kind), t),
+            Signal::Unrelated
+        );
+    }
+    // A 500 is an answer: the backend took the request at that rate.
+    assert_eq!(
+        Signal::of(AttemptOutcome::Status(StatusCode::INTERNAL_SERVER_ERROR), t),
+        Signal::Accepted(t)
+    );
+
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    for i in 0..50 {
+        let now = start + 10 * MS * i;
+        controller.admit(now, true).expect("no limit");
+        let failure = AttemptOutcome::Failure(FailureKind::ConnectRefused);
+        controller.observe(Signal::of(failure, MS), now, now + MS);
+    }
+    assert_eq!(controller.rate(start + Duration::from_secs(1)), None);
+}
+
+#[test]
+fn recovers_gradually_when_the_backend_does() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    let mut backend = Backend::new(20.0, 2.0, start);
+    drive(&mut controller, &mut backend, start, 100, 10);
+    let throttled = controller
+        .rate(start + Duration::from_secs(10))
+        .expect("learned");
+    assert!(throttled < 30.0, "{throttled}");
+    // The backend now takes 200 req/s: the rate climbs back, not in one jump.
+    let later = start + Duration::from_secs(10);
+    let mut backend = Backend::new(200.0, 20.0, later);
+    let seconds = drive(&mut controller, &mut backend, later, 100, 20);
+    let reached: Vec<u32> = seconds.iter().map(|s| s.0).collect();
+    assert!(reached[0] < 40, "no jump: {reached:?}");
+    assert!(
+        reached.windows(2).all(|w| w[1] + 5 >= w[0]),
+        "monotone climb: {reached:?}"
+    );
+    assert!(
+        reached[19] >= 95,
+        "all of the demand after 20 s: {reached:?}"
+    );
+}
+
+#[test]
+fn inflated_latency_is_congestion() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    for i in 0..200 {
+        let now = start + 10 * MS * i;
+        controller.admit(now, true).expect("no limit");
+        controller.observe(Signal::Accepted(5 * MS), now, now + 5 * MS);
+    }
+    let t = start + Duration::from_secs(2);
+    assert_eq!(controller.rate(t), None);
+    // The backend queues: 100 ms answers read as congestion within a few samples.
+    for i in 0..5 {
+        let now = t + 10 * MS * i;
+        let _ = controller.admit(now, true);
+        controller.observe(Signal::Accepted(100 * MS), now, now + 100 * MS);
+    }
+    assert!(controller.rate(t + Duration::from_secs(1)).is_some());
+
+    // With latency_tolerance = 0 it never is.
+    let config = AdaptiveConfig::try_new(1.0, None, 0.0).expect("valid");
+    let mut controller = Controller::new(config, start);
+    for i in 0..200 {
+        let now = start + 10 * MS * i;
+        let latency = if i < 100 { 5 * MS } else { 500 * MS };
+        controller.admit(now, true).expect("no limit");
+        controller.observe(Signal::Accepted(latency), now, now + latency);
+    }
+    assert_eq!(controller.rate(t), None);
+}
+
+#[test]
+fn bounds_hold_and_refusals_say_when_the_next_token_comes() {
+    let start = Instant::now();
+    let config = AdaptiveConfig::try_new(2.0, Some(4.0), 2.0).expect("valid");
+    let mut controller = Controller::new(config, start);
+    controller.observe(Signal::Congestion, start, start);
+    assert_eq!(controller.rate(start), Some(2.0), "min_rate floor");
+    controller
+        .admit(start + Duration::from_secs(1), true)
+        .expect("a token after 1 s");
+    let wait = controller
+        .admit(start + Duration::from_secs(1), true)
+        .expect_err("bucket empty");
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(500),
+        "{wait:?}"
+    );
+    let mut backend = Backend::new(1000.0, 100.0, start);
+    let later = start + Duration::from_secs(2);
+    drive(&mut controller, &mut backend, later, 100, 30);
+    assert_eq!(
+        controller.rate(later + Duration::from_secs(30)),
+        Some(4.0),
+        "max_rate cap"
+    );
+}
+
+#[test]
+fn config_names_the_field() {
+    let err = AdaptiveConfig::try_new(0.0, None, 2.0).expect_err("min_rate");
+    assert_eq!(err.field, "min_rate");
+    let err = AdaptiveConfig::try_new(5.0, Some(1.0), 2.0).expect_err("max_rate");
+    assert_eq!(err.field, "max_rate");
+    let err = AdaptiveConfig::try_new(1.0, None, 1.0).expect_err("tolerance");
+    assert_eq!(err.field, "latency_tolerance");
+    assert!(AdaptiveConfig::try_new(1.0, None, 0.0).is_ok());
+}
+
+#[test]
+fn the_fleet_splits_what_it_learned_by_demand() {
+    let report = |learned: Option<f64>, demand| FleetReport {
+        learned_rate: learned,
+        demand,
+    };
+    let a = report(Some(40.0), 100.0);
+    let b = report(None, 0.0);
+    assert_eq!(fleet_share(&b, &[a, b]), Some(40.0 / 101.0));
+    assert_eq!(fleet_share(&a, &[a]), Some(40.0));
+    let c = report(Some(20.0), 100.0);
+    assert_eq!(fleet_share(&a, &[a, c]), Some(30.0));
+    assert_eq!(fleet_share(&b, &[b, report(None, 5.0)]), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_share_caps_a_replica_until_it_lapses() {
+    let name: std::sync::Arc<str> = "orders".into();
+    let throttle = AdaptiveThrottle::new(&name, AdaptiveConfig::default());
+    assert_eq!(throttle.rate(), None);
+    throttle.set_fleet_share(Some(10.0), Duration::from_secs(2));
+    assert_eq!(throttle.rate(), Some(10.0));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(throttle.admit(true).is_ok());
+    assert!(
+        throttle.admit(true).is_err(),
+        "one token per 100 ms at 10 req/s"
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(throttle.rate(), None, "lapsed: on its own again");
+    assert!(throttle.admit(true).is_ok());
+    assert!(throttle.admit(true).is_ok());
+}
+
+#[test]
+fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
+    let start = Instant::now();
+    let mut controller = Controller::new(AdaptiveConfig::default(), start);
+    // First called an hour after start-up, at 100 req/s.
+    let first = start + Duration::from_secs(3600);
+    for i in 0..50 {
+        let now = first + 10 * MS * i;
+        controller.admit(now, true).expect("no limit yet");
+        controller.observe(Signal::Accepted(MS), now, now + MS);
+    }
+    let t = first + Duration::from_millis(500);
+    controller.observe(Signal::Congestion, t, t);
+    let rate = controller.rate(t).expect("learned");
+    assert!(rate > 50.0, "0.7 × ~100, not the floor: {rate}");
+}
+
+#[test]
+fn a_token_due_soon_is_waited_for_and_later_requests_queue_behind_it() {
+    let start = Instant::now();
+    let config = AdaptiveConfig::try_new(50.0, Some(50.0), 0.0).expect("valid");
+    let mut controller = Controller::new(config, start);
+    controller.observe(Signal::Congestion, start, start);
+    assert_eq!(controller.rate(start), Some(50.0));
+    // 50 req/s: a token every 20 ms; three arrive at once: they leave 20 ms apart.
+    let t = start + Duration::from_millis(20);
+    assert_eq!(controller.admit(t, true), Ok(Duration::ZERO));
+    let pace = controller.admit(t, true).expect("paced");
+    assert!((19 * MS..=21 * MS).contains(&pace), "{pace:?}");
+    let pace = controller.admit(t, true).expect("paced");
+    assert!((39 * MS..=41 * MS).contains(&pace), "{pace:?}");
+    // The next one would wait 60 ms: refused.
+    assert!(controller.admit(t, true).is_err());
+}
