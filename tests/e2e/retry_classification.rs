@@ -297,3 +297,13 @@ async fn a_hedged_get_is_answered_by_the_fast_endpoint_and_a_post_is_never_hedge
     let _ = tokio::time::timeout(Duration::from_millis(500), post).await;
     assert!(slow.hit_count() + fast.hit_count() <= before + 1);
 }
+
+#[tokio::test]
+async fn a_problem_after_retries_says_how_many_attempts_were_made() {
+    let dead = format!("http://{}", closed_addr());
+    let gateway = GatewayProcess::start(BIN, &config(&[dead], "max_retries = 2", "")).await;
+    let response = client().get(gateway.url() + "/gone").send().await.unwrap();
+    assert_eq!(response.status(), 502);
+    let problem: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(problem["attempts"], 3, "{problem}");
+}

@@ -9,6 +9,9 @@ use futures_util::future::{BoxFuture, FutureExt};
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
+use std::sync::Arc;
+
+use crate::telemetry::Exchange;
 use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
 use portcullis_idempotency::NotForwarded;
 use portcullis_problem::Problem;
@@ -205,12 +208,19 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The request's record counts its upstream attempts: a problem answered after the
+        // gateway retried says so (`attempts`), so a client does not start a new round.
+        let exchange = request.extensions().get::<Arc<Exchange>>().cloned();
         let future = self.inner.call(request);
         async move {
             match future.await {
                 Ok(response) => Ok(response),
                 Err(err) => {
-                    let problem = err.problem();
+                    let mut problem = err.problem();
+                    let attempts = exchange.as_ref().map_or(0, |e| e.attempts());
+                    if attempts > 1 {
+                        problem = problem.with("attempts", attempts);
+                    }
                     let status = problem.status().as_u16();
                     if err.is_client_fault() {
                         // The client's own body: its 4xx is in the access log; no upstream failed.
