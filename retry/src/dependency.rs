@@ -25,6 +25,9 @@ pub struct Dependency {
     breaker: CircuitBreaker,
     exhausted: Exhausted,
     latency: Latency,
+    /// Per-route histograms: registered at start-up, read by the admin API; requests hold
+    /// their route's `Arc` (in `RetryTarget`) and never take this lock.
+    route_latencies: std::sync::Mutex<Vec<(Arc<str>, Arc<Latency>)>>,
     /// `None` unless `adaptive = true`: then the request path touches nothing of it.
     adaptive: Option<AdaptiveThrottle>,
     metrics: DependencyMetrics,
@@ -50,6 +53,7 @@ impl Dependency {
             metrics: DependencyMetrics::new(&name),
             exhausted: Exhausted::new(DEFAULT_WINDOW),
             latency: Latency::new(),
+            route_latencies: std::sync::Mutex::default(),
             adaptive: None,
             name,
             endpoints: AtomicUsize::new(endpoints),
@@ -99,9 +103,37 @@ impl Dependency {
             .recommended_timeout(tokio::time::Instant::now(), floor, ceiling)
     }
 
+    /// The upstream's attempt-latency histogram.
+    pub fn latency_histogram(&self) -> &Latency {
+        &self.latency
+    }
+
     /// The `q`-quantile of attempt latency, once at least 100 attempts are in view.
     pub(crate) fn latency_quantile(&self, q: f64) -> Option<Duration> {
         self.latency.quantile(tokio::time::Instant::now(), q)
+    }
+
+    /// The attempt-latency histogram of route `name` toward this upstream, created on first
+    /// use (the route table asks once per route at start-up; the same name gets the same one).
+    pub fn route_latency(&self, name: &str) -> Arc<Latency> {
+        let mut routes = self
+            .route_latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, latency)) = routes.iter().find(|(route, _)| &**route == name) {
+            return latency.clone();
+        }
+        let latency = Arc::new(Latency::new());
+        routes.push((Arc::from(name), latency.clone()));
+        latency
+    }
+
+    /// Every route's histogram toward this upstream, by route name (for the admin API).
+    pub fn route_latencies(&self) -> Vec<(Arc<str>, Arc<Latency>)> {
+        self.route_latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Counts one attempt's time to response headers (or to its failure or timeout).

@@ -28,9 +28,9 @@ pub const MIN_SAMPLES: u64 = 100;
 /// because a timeout that fires on healthy tail latency turns slowness into retries).
 pub const P99_MULTIPLIER: u32 = 3;
 
-/// Attempt latencies of one upstream.
+/// Attempt latencies of one upstream or one route.
 #[derive(Debug)]
-pub(crate) struct Latency {
+pub struct Latency {
     origin: Instant,
     /// The window (number since `origin`) that `windows[n % 2]` counts.
     epochs: [AtomicU64; 2],
@@ -57,8 +57,15 @@ pub struct Percentiles {
 
 // === impl Latency ===
 
+impl Default for Latency {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Latency {
-    pub(crate) fn new() -> Self {
+    /// An empty histogram.
+    pub fn new() -> Self {
         Self {
             origin: Instant::now(),
             epochs: [AtomicU64::new(0), AtomicU64::new(1)],
@@ -80,6 +87,11 @@ impl Latency {
             }
         }
         self.windows[slot].buckets[bucket(took)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Percentiles of the last one to two minutes, now; `None` below [`MIN_SAMPLES`].
+    pub fn recent(&self) -> Option<Percentiles> {
+        self.percentiles(Instant::now())
     }
 
     /// Percentiles of the current and the previous window; `None` below [`MIN_SAMPLES`].
@@ -116,6 +128,11 @@ impl Latency {
     pub(crate) fn quantile(&self, now: Instant, q: f64) -> Option<Duration> {
         let (counts, samples) = self.in_view(now)?;
         Some(quantile(&counts, samples, q))
+    }
+
+    /// [`Latency::recommended_timeout`] now.
+    pub fn recommended(&self, floor: Duration, ceiling: Duration) -> Duration {
+        self.recommended_timeout(Instant::now(), floor, ceiling)
     }
 
     /// `P99_MULTIPLIER` × p99 within `[floor, ceiling]`; `ceiling` until enough is known.

@@ -36,7 +36,7 @@
 //! let client = retry.layer(upstream_client);
 //! // The router tags each routed request; an untagged one is forwarded once, unbuffered.
 //! let mut request = http::Request::new(axum::body::Body::empty());
-//! let target = RetryTarget { policy, dependency: orders, idempotent_route: false };
+//! let target = RetryTarget { policy, dependency: orders, idempotent_route: false, route_latency: None };
 //! request.extensions_mut().insert(target);
 //! # let _ = client;
 //! # Ok::<(), portcullis_retry::InvalidRetryConfig>(())
@@ -182,7 +182,8 @@ pub use self::{
         IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
     },
     latency::{
-        Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER, WINDOW as LATENCY_WINDOW,
+        Latency, Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER,
+        WINDOW as LATENCY_WINDOW,
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
@@ -200,6 +201,9 @@ pub struct RetryTarget {
     pub dependency: Arc<Dependency>,
     /// The route declares this request idempotent whatever its method (rung 2).
     pub idempotent_route: bool,
+    /// The route's own attempt latency ([`Dependency::route_latency`]), besides the
+    /// upstream's; `None` keeps only the upstream's.
+    pub route_latency: Option<Arc<Latency>>,
 }
 
 /// Request extension set by the retry layer before each attempt, for the upstream client.

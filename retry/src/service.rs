@@ -102,6 +102,7 @@ where
         policy,
         dependency: dep,
         idempotent_route,
+        route_latency,
     }) = (shared.target)(req.extensions()).cloned()
     else {
         // No policy: one attempt, no buffering, no timeout, no headers.
@@ -264,6 +265,9 @@ where
         };
         let now = Instant::now();
         dep.record_attempt(now.saturating_duration_since(started), now);
+        if let Some(route) = &route_latency {
+            route.record(now.saturating_duration_since(started), now);
+        }
         if let Some(throttle) = dep.adaptive() {
             throttle.observe(outcome, started);
         }

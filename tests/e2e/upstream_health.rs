@@ -167,6 +167,13 @@ upstream = "orders"
         "{view}"
     );
     assert_eq!(view["upstreams"][0]["healthy_endpoints"], 2, "{view}");
+    // Attempt latency, per upstream and per route (timeouts from data): measured once 100
+    // attempts were made, with the timeout in force and a recommended one.
+    assert_eq!(view["upstreams"][0]["routes"][0]["route"], "/", "{view}");
+    assert!(
+        view["upstreams"][0]["attempt_timeout_ms"].as_u64().unwrap() > 0,
+        "{view}"
+    );
 
     // After detection: zero client errors, no attempt reaches C, and a retry after B's
     // 503 goes to A, never to the ejected C.

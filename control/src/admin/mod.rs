@@ -57,7 +57,8 @@ use http::{header, Method, Request, Response, StatusCode};
 
 pub(crate) use error::AdminError;
 pub use upstreams::{
-    EndpointHealth, EndpointStatus, LatencyStatus, NoUpstreams, UpstreamStatus, UpstreamsView,
+    EndpointHealth, EndpointStatus, LatencyStatus, NoUpstreams, RouteLatencyStatus, UpstreamStatus,
+    UpstreamsView,
 };
 pub use validate::ConfiguredRoute;
 

@@ -178,6 +178,18 @@ fn schemas() -> Value {
     issued["properties"]["api_key"] =
         json!({ "type": "string", "description": "The plaintext key; never shown again" });
     let page = |item: &str, cursor: Value| json!({ "type": "object", "properties": { "items": { "type": "array", "items": { "$ref": format!("#/components/schemas/{item}") } }, "next_cursor": cursor } });
+    let endpoint_schema = json!({ "type": "object", "properties": { "url": { "type": "string" }, "host": { "type": "string" }, "weight": int(1), "state": { "enum": ["healthy", "unhealthy", "ejected"] }, "ejected_for_ms": { "type": ["integer", "null"] }, "ejections": int(0), "consecutive_failures": int(0), "in_flight": int(0) } });
+    let upstream_schema = json!({ "type": "object", "properties": { "name": { "type": "string" }, "load_balancer": { "enum": ["round_robin", "least_request", "peak_ewma"] }, "circuit_breaker": { "enum": ["closed", "half_open", "open"] }, "healthy_endpoints": int(0), "panic": { "type": "boolean" }, "endpoints": { "type": "array", "items": { "$ref": "#/components/schemas/Endpoint" } }, "attempt_timeout_ms": int(1), "latency": { "oneOf": [{ "type": "null" }, { "$ref": "#/components/schemas/Latency" }] }, "routes": { "type": "array", "items": { "$ref": "#/components/schemas/RouteLatency" } } } });
+    let latency_schema = json!({ "type": "object", "description": "Attempt latency over the last one to two minutes (at least 100 attempts)", "properties": { "samples": int(100), "p50_ms": { "type": "number" }, "p99_ms": { "type": "number" }, "p999_ms": { "type": "number" }, "recommended_attempt_timeout_ms": int(1) } });
+    let top_up_schema = json!({ "type": "object", "required": ["amount"], "additionalProperties": false, "properties": { "amount": int(1) } });
+    let bucket_usage_schema = json!({ "type": "object", "properties": { "policy": { "type": "string" }, "route": { "type": ["string", "null"] }, "limit": int(0), "remaining": int(0), "reset_after_secs": int(0) } });
+    let period_usage_schema = json!({ "type": "object", "properties": { "period": { "enum": ["day", "month"] }, "limit": int(0), "used": int(0), "resets_in_secs": int(0) } });
+    let usage_schema = json!({ "type": "object", "properties": { "tenant": { "type": "string" }, "buckets": { "type": "array", "items": { "$ref": "#/components/schemas/BucketUsage" } }, "periods": { "type": "array", "items": { "$ref": "#/components/schemas/PeriodUsage" } }, "rejected_total": { "type": "integer", "description": "429s given to this tenant by the answering replica since it started" } } });
+    let audit_entry_schema = json!({ "type": "object", "properties": { "id": { "type": "integer" }, "at": time, "actor": { "type": "string" }, "action": { "type": "string", "examples": ["tenant.create", "quota.update", "key.revoke"] }, "tenant": { "type": ["string", "null"] }, "before": {}, "after": {} } });
+    let idempotency_record_schema = json!({ "type": "object", "properties": { "tenant": { "type": "string" }, "route": { "type": "string" }, "key": { "type": "string" }, "state": { "enum": ["in_flight", "completed", "too_large"] }, "fingerprint": { "type": "string" }, "fencing_token": { "type": "integer" }, "status": { "type": ["integer", "null"] }, "created_at": time, "expires_at": time } });
+    let upstream_list_schema = json!({ "type": "object", "properties": { "upstreams": { "type": "array", "items": { "$ref": "#/components/schemas/Upstream" } } } });
+    let problem_schema = json!({ "type": "object", "required": ["type", "title", "status", "detail"], "properties": { "type": { "type": "string", "format": "uri" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "errors": { "type": "array", "description": "422 only: every invalid field", "items": { "type": "object", "properties": { "field": { "type": "string" }, "reason": { "type": "string" } } } }, "retry_after": { "type": "integer" } } });
+    let route_latency = json!({ "type": "object", "properties": { "route": { "type": "string" }, "latency": { "oneOf": [{ "type": "null" }, { "$ref": "#/components/schemas/Latency" }] } } });
     json!({
         "TenantCreate": tenant_create,
         "TenantPatch": tenant_patch,
@@ -190,18 +202,19 @@ fn schemas() -> Value {
         "Key": key,
         "IssuedKey": issued,
         "KeyList": page("Key", json!({ "type": "null" })),
-        "TopUp": { "type": "object", "required": ["amount"], "additionalProperties": false, "properties": { "amount": int(1) } },
-        "BucketUsage": { "type": "object", "properties": { "policy": { "type": "string" }, "route": { "type": ["string", "null"] }, "limit": int(0), "remaining": int(0), "reset_after_secs": int(0) } },
-        "PeriodUsage": { "type": "object", "properties": { "period": { "enum": ["day", "month"] }, "limit": int(0), "used": int(0), "resets_in_secs": int(0) } },
-        "Usage": { "type": "object", "properties": { "tenant": { "type": "string" }, "buckets": { "type": "array", "items": { "$ref": "#/components/schemas/BucketUsage" } }, "periods": { "type": "array", "items": { "$ref": "#/components/schemas/PeriodUsage" } }, "rejected_total": { "type": "integer", "description": "429s given to this tenant by the answering replica since it started" } } },
-        "AuditEntry": { "type": "object", "properties": { "id": { "type": "integer" }, "at": time, "actor": { "type": "string" }, "action": { "type": "string", "examples": ["tenant.create", "quota.update", "key.revoke"] }, "tenant": { "type": ["string", "null"] }, "before": {}, "after": {} } },
+        "TopUp": top_up_schema,
+        "BucketUsage": bucket_usage_schema,
+        "PeriodUsage": period_usage_schema,
+        "Usage": usage_schema,
+        "AuditEntry": audit_entry_schema,
         "AuditPage": page("AuditEntry", json!({ "type": ["string", "null"] })),
-        "IdempotencyRecord": { "type": "object", "properties": { "tenant": { "type": "string" }, "route": { "type": "string" }, "key": { "type": "string" }, "state": { "enum": ["in_flight", "completed", "too_large"] }, "fingerprint": { "type": "string" }, "fencing_token": { "type": "integer" }, "status": { "type": ["integer", "null"] }, "created_at": time, "expires_at": time } },
-        "Endpoint": { "type": "object", "properties": { "url": { "type": "string" }, "host": { "type": "string" }, "weight": int(1), "state": { "enum": ["healthy", "unhealthy", "ejected"] }, "ejected_for_ms": { "type": ["integer", "null"] }, "ejections": int(0), "consecutive_failures": int(0), "in_flight": int(0) } },
-        "Upstream": { "type": "object", "properties": { "name": { "type": "string" }, "load_balancer": { "enum": ["round_robin", "least_request", "peak_ewma"] }, "circuit_breaker": { "enum": ["closed", "half_open", "open"] }, "healthy_endpoints": int(0), "panic": { "type": "boolean" }, "endpoints": { "type": "array", "items": { "$ref": "#/components/schemas/Endpoint" } }, "attempt_timeout_ms": int(1), "latency": { "oneOf": [{ "type": "null" }, { "$ref": "#/components/schemas/Latency" }] } } },
-        "Latency": { "type": "object", "description": "Attempt latency over the last one to two minutes (at least 100 attempts)", "properties": { "samples": int(100), "p50_ms": { "type": "number" }, "p99_ms": { "type": "number" }, "p999_ms": { "type": "number" }, "recommended_attempt_timeout_ms": int(1) } },
-        "UpstreamList": { "type": "object", "properties": { "upstreams": { "type": "array", "items": { "$ref": "#/components/schemas/Upstream" } } } },
-        "Problem": { "type": "object", "required": ["type", "title", "status", "detail"], "properties": { "type": { "type": "string", "format": "uri" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" }, "errors": { "type": "array", "description": "422 only: every invalid field", "items": { "type": "object", "properties": { "field": { "type": "string" }, "reason": { "type": "string" } } } }, "retry_after": { "type": "integer" } } },
+        "IdempotencyRecord": idempotency_record_schema,
+        "Endpoint": endpoint_schema,
+        "Upstream": upstream_schema,
+        "RouteLatency": route_latency,
+        "Latency": latency_schema,
+        "UpstreamList": upstream_list_schema,
+        "Problem": problem_schema,
     })
 }
 

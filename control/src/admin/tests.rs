@@ -69,6 +69,10 @@ impl UpstreamsView for FakeUpstreams {
                 p999_ms: 120.0,
                 recommended_attempt_timeout_ms: 123,
             }),
+            routes: vec![RouteLatencyStatus {
+                route: "/orders".into(),
+                latency: None,
+            }],
         }]
     }
 }
@@ -403,6 +407,7 @@ async fn upstreams_lists_endpoint_health_and_needs_the_token() {
     assert_eq!(latency["p99_ms"], 41.0);
     assert_eq!(latency["recommended_attempt_timeout_ms"], 123);
     assert_eq!(body["upstreams"][0]["attempt_timeout_ms"], 5000);
+    assert_eq!(body["upstreams"][0]["routes"][0]["route"], "/orders");
     assert_eq!(endpoint["state"], "ejected");
     assert_eq!(endpoint["ejected_for_ms"], 29_000);
     let (app, _dir) = app_with(Arc::new(NoUpstreams)).await;

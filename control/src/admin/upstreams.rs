@@ -48,6 +48,17 @@ pub struct UpstreamStatus {
     /// Attempt latency measured by this replica over the last one to two minutes; `null`
     /// until at least 100 attempts were made.
     pub latency: Option<LatencyStatus>,
+    /// The same, for each route toward this upstream.
+    pub routes: Vec<RouteLatencyStatus>,
+}
+
+/// One route's attempt latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteLatencyStatus {
+    /// The route's name.
+    pub route: String,
+    /// As [`UpstreamStatus::latency`], for this route's attempts only.
+    pub latency: Option<LatencyStatus>,
 }
 
 /// Attempt latency percentiles of one upstream, and the timeout they suggest.

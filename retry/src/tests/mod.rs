@@ -247,6 +247,7 @@ pub(super) fn fixture_with(
             policy: Arc::new(RetryPolicy::try_new(params).expect("valid policy")),
             dependency: dep,
             idempotent_route: false,
+            route_latency: None,
         },
         clock,
     }

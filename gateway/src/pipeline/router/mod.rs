@@ -143,6 +143,7 @@ impl RouteTable {
                     metrics: RouteMetrics::new(label),
                     retry: RetryTarget {
                         policy: settings.retry.clone(),
+                        route_latency: Some(dependency.route_latency(&settings.name)),
                         dependency,
                         idempotent_route: settings.idempotent,
                     },

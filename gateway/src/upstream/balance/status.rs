@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis_control::admin::{
-    EndpointHealth, EndpointStatus, LatencyStatus, UpstreamStatus, UpstreamsView,
+    EndpointHealth, EndpointStatus, LatencyStatus, RouteLatencyStatus, UpstreamStatus,
+    UpstreamsView,
 };
-use portcullis_retry::RetryPolicy;
+use portcullis_retry::{Latency, RetryPolicy};
 
 use super::Now;
 use crate::upstream::proxy::Upstream;
@@ -26,11 +27,10 @@ impl UpstreamsView for Upstreams {
     }
 }
 
-/// Attempt latency and the timeout it suggests: within the `"auto"` bounds when the
-/// upstream learns its timeout, else within [`RECOMMENDED_BOUNDS`].
-fn latency(upstream: &Upstream, policy: &RetryPolicy) -> Option<LatencyStatus> {
-    let dependency = upstream.dependency();
-    let measured = dependency.latency()?;
+/// Attempt latency of `histogram` and the timeout it suggests: within the `"auto"` bounds
+/// when the upstream learns its timeout, else within [`RECOMMENDED_BOUNDS`].
+fn latency(histogram: &Latency, policy: &RetryPolicy) -> Option<LatencyStatus> {
+    let measured = histogram.recent()?;
     let params = policy.params();
     let (floor, ceiling) = match params.auto_attempt_timeout_floor {
         Some(floor) => (floor, params.attempt_timeout),
@@ -42,9 +42,7 @@ fn latency(upstream: &Upstream, policy: &RetryPolicy) -> Option<LatencyStatus> {
         p50_ms: ms(measured.p50),
         p99_ms: ms(measured.p99),
         p999_ms: ms(measured.p999),
-        recommended_attempt_timeout_ms: millis(
-            dependency.recommended_attempt_timeout(floor, ceiling),
-        ),
+        recommended_attempt_timeout_ms: millis(histogram.recommended(floor, ceiling)),
     })
 }
 
@@ -94,6 +92,15 @@ fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
         panic: set.in_panic(healthy),
         endpoints,
         attempt_timeout_ms: millis(policy.attempt_timeout_for(upstream.dependency())),
-        latency: latency(upstream, policy),
+        latency: latency(upstream.dependency().latency_histogram(), policy),
+        routes: upstream
+            .dependency()
+            .route_latencies()
+            .iter()
+            .map(|(route, histogram)| RouteLatencyStatus {
+                route: route.to_string(),
+                latency: latency(histogram, policy),
+            })
+            .collect(),
     }
 }
