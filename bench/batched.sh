@@ -23,28 +23,8 @@ CONNS=${CONNS:-64}
 CLIENT_CPU=${CLIENT_CPU:-0}
 SUT_CPU=${SUT_CPU:-1}
 
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-wait_http() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        curl -fs -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.1
-    done
-    echo "not ready: $1" >&2
-    return 1
-}
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 UP=$(free_port)
 taskset -c "$SUT_CPU" "$BIN/bench-upstream" --port "$UP" --threads 1 >"$TMP/upstream.log" 2>&1 &

@@ -19,28 +19,8 @@ BIN=${BIN:-$ROOT/target-bench/release}
 [[ -x $BIN/portcullis && -x $BIN/bench-upstream ]] || BIN=$ROOT/target/debug
 OPS=${OPS:-10}
 
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-wait_http() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        curl -fs -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.1
-    done
-    echo "not ready: $1" >&2
-    return 1
-}
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 UP=$(free_port)
 "$BIN/bench-upstream" --port "$UP" --threads 1 --fail-503 >"$TMP/upstream.log" 2>&1 &
