@@ -12,6 +12,7 @@ mod balance;
 mod duration;
 mod error;
 pub mod raw;
+mod routes;
 pub mod telemetry;
 mod tls;
 mod upstream;
