@@ -80,17 +80,8 @@ PIDS+=($!)
 wait_http "http://127.0.0.1:$UP/__stats"
 
 run() { # name adaptive-line
-    local name=$1 adaptive=$2 port admin pid
-    port=$(free_port)
-    admin=$(free_port)
-    cat >"$TMP/$name.toml" <<CONF
-[server]
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$admin"
-
-[storage]
-database = "sqlite://$TMP/$name.db"
-
+    local name=$1 adaptive=$2 port
+    start_gateway "$name" <<CONF
 [rate_limit]
 anonymous = { rate = 100000, per = "1s", burst = 100000 }
 
@@ -103,10 +94,7 @@ $adaptive
 prefix = "/"
 upstream = "capped"
 CONF
-    "$BIN/portcullis" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
-    pid=$!
-    PIDS+=("$pid")
-    wait_http "http://127.0.0.1:$port/healthz"
+    port=$GW_PORT
     curl -fs -o /dev/null "http://127.0.0.1:$UP/__stats"
     python3 - "$port" "$UP" "$OPS" "$CLIENTS" "$RATE" "$CAPACITY" "$name" <<'PY'
 import http.client, json, sys, threading, time, urllib.request
@@ -173,8 +161,7 @@ print(f"{'':>9}  seconds 5..{end}: upstream received peak {peak}/s ({peak / capa
 print(f"{'':>9}  per second received/accepted: {series}")
 PY
     curl -fs "http://127.0.0.1:$admin/metrics" | grep -E '^(adaptive_|retry_suppressed_total|upstream_(requests|attempts)_total)' | sort | sed 's/^/           /' || true
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    stop_gateway
 }
 
 echo "upstream: $CAPACITY req/s (429 above); $CLIENTS clients x $RATE req/s, $OPS operations each, honouring Retry-After"

@@ -27,3 +27,25 @@ wait_http() {
     echo "not ready: $1" >&2
     return 1
 }
+
+# Starts a gateway called $1 on free loopback ports: its config is a server and SQLite
+# preamble followed by stdin. Sets GW_PORT (the proxy port) and GW_PID; stop_gateway ends it.
+start_gateway() {
+    local name=$1 admin
+    GW_PORT=$(free_port)
+    admin=$(free_port)
+    {
+        printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n\n' "$GW_PORT" "$admin"
+        printf '[storage]\ndatabase = "sqlite://%s/%s.db"\n\n' "$TMP" "$name"
+        cat
+    } >"$TMP/$name.toml"
+    "$BIN/portcullis" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
+    GW_PID=$!
+    PIDS+=("$GW_PID")
+    wait_http "http://127.0.0.1:$GW_PORT/healthz"
+}
+
+stop_gateway() {
+    kill "$GW_PID"
+    wait "$GW_PID" 2>/dev/null || true
+}

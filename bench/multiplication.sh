@@ -28,17 +28,8 @@ PIDS+=($!)
 wait_http "http://127.0.0.1:$UP/__bench/stats"
 
 run() { # name window
-    local name=$1 window=$2 port admin pid
-    port=$(free_port)
-    admin=$(free_port)
-    cat >"$TMP/$name.toml" <<CONF
-[server]
-listen = "127.0.0.1:$port"
-admin_listen = "127.0.0.1:$admin"
-
-[storage]
-database = "sqlite://$TMP/$name.db"
-
+    local name=$1 window=$2 port
+    start_gateway "$name" <<CONF
 [rate_limit]
 anonymous = { rate = 100000, per = "1s", burst = 100000 }
 
@@ -52,10 +43,7 @@ prefix = "/"
 upstream = "failing"
 idempotency = { methods = ["POST"] }
 CONF
-    "$BIN/portcullis" --config "$TMP/$name.toml" >"$TMP/$name.log" 2>&1 &
-    pid=$!
-    PIDS+=("$pid")
-    wait_http "http://127.0.0.1:$port/healthz"
+    port=$GW_PORT
     python3 - "$port" "$UP" "$OPS" "$name" <<'PY'
 import json, sys, urllib.request, uuid
 import requests
@@ -83,8 +71,7 @@ for kind in ("GET", "keyed POST"):
     print(f"{name:>14}  {kind:<10}  {ops} operations  {hits} upstream attempts  "
           f"{hits / ops:.1f} per operation")
 PY
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    stop_gateway
 }
 
 echo "client: urllib3 Retry(total=3) on 503; gateway: max_retries = 3; upstream: always 503"
