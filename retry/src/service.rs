@@ -111,7 +111,8 @@ where
     let name = dep.name().clone();
     let wall_now = shared.clock.now();
     let incoming = incoming_deadline(req.headers(), wall_now);
-    let Some(deadline) = Deadline::new(Instant::now(), wall_now, policy.total(), incoming) else {
+    let arrived = Instant::now();
+    let Some(deadline) = Deadline::new(arrived, wall_now, policy.total(), incoming) else {
         tracing::debug!(dependency = %name, "request deadline passed before the first attempt");
         return Err(RetryError::DeadlineExceeded);
     };
@@ -161,8 +162,8 @@ where
         dep.exhausted()
             .fingerprint(caller, &parts, key, body.bytes())
     };
-    let repeat = dep.exhausted().is_live(Instant::now())
-        && operation(&body).is_some_and(|op| dep.exhausted().contains(op, Instant::now()));
+    let repeat = dep.exhausted().is_live(arrived)
+        && operation(&body).is_some_and(|op| dep.exhausted().contains(op, arrived));
     let max_attempts = if repeat { 1 } else { policy.max_attempts() };
     // Seeded only when a retry is considered: most requests never need a random draw.
     let mut backoff = None;
