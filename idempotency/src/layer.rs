@@ -5,13 +5,8 @@ use std::sync::Arc;
 use tower::Layer;
 
 use crate::service::Idempotency;
-use crate::settings::IdempotencySettings;
+use crate::settings::ExtractSettings;
 use crate::store::Store;
-
-/// Decides per request whether and how it is deduplicated: `None` passes it through
-/// untouched. Typically reads the tenant and route the gateway put in the extensions.
-pub type ExtractSettings =
-    Arc<dyn Fn(&http::request::Parts) -> Option<IdempotencySettings> + Send + Sync>;
 
 /// Tower layer deduplicating keyed requests against a [`Store`].
 #[derive(Clone)]

@@ -20,8 +20,8 @@ use crate::extensions::{IdempotencyLock, IdempotencyOutcome as Marked};
 use crate::fingerprint::{Fingerprint, FingerprintInput};
 use crate::forward::{self, Held};
 use crate::key::{IdempotencyKey, KeyError};
-use crate::layer::ExtractSettings;
 use crate::rejection::Rejection;
+use crate::settings::ExtractSettings;
 use crate::settings::{IdempotencySettings, OnInFlight};
 use crate::store::{LockOutcome, RecordKey, Store};
 

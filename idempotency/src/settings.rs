@@ -154,6 +154,11 @@ impl IdempotencySettings {
     }
 }
 
+/// Decides per request whether and how it is deduplicated: `None` passes it through
+/// untouched. Typically reads the tenant and route the gateway put in the extensions.
+pub type ExtractSettings =
+    Arc<dyn Fn(&http::request::Parts) -> Option<IdempotencySettings> + Send + Sync>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

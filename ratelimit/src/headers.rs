@@ -41,6 +41,9 @@ use crate::decision::{Decision, Verdict};
 use crate::limiter::Check;
 use crate::policy::Policy;
 
+/// Re-exported here, beside [`ratelimit_field`], for callers that format both fields.
+pub use crate::policy::policy_field;
+
 /// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
@@ -87,18 +90,6 @@ pub fn ratelimit_field(name: &str, remaining: u64, t_secs: Option<u64>) -> Optio
     let field = match t_secs {
         Some(t) => format!("\"{name}\";r={remaining};t={t}"),
         None => format!("\"{name}\";r={remaining}"),
-    };
-    HeaderValue::from_str(&field).ok()
-}
-
-/// The `RateLimit-Policy` field value of one policy, `"name";q=Q;w=W` (`w` omitted when
-/// `None`: a limit with no time window, such as a concurrency limit), draft §3.1. The one
-/// formatter of this field (see [`ratelimit_field`]). `None` only for a name that is not
-/// header-safe.
-pub fn policy_field(name: &str, quota: u64, window_secs: Option<u64>) -> Option<HeaderValue> {
-    let field = match window_secs {
-        Some(w) => format!("\"{name}\";q={quota};w={w}"),
-        None => format!("\"{name}\";q={quota}"),
     };
     HeaderValue::from_str(&field).ok()
 }

@@ -1,16 +1,14 @@
-//! [`RateLimitLayer`]: wraps a service in [`RateLimit`].
+//! [`RateLimitLayer`]: wraps a service in [`RateLimit`](crate::RateLimit) (whose module holds the `Layer` impl).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use tower::Layer;
 
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{LimitRequest, Limiter};
 use crate::rejection::Rejection;
-use crate::service::RateLimit;
 
 /// What the layer asks of the surrounding application: the checks that apply to a request,
 /// read from its head (typically a `Tenant` extension inserted by an earlier layer and the
@@ -83,14 +81,6 @@ impl RateLimitLayer {
     pub fn with_unavailable_retry_after(mut self, retry_after: Duration) -> Self {
         self.unavailable_retry_after = retry_after;
         self
-    }
-}
-
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.clone())
     }
 }
 

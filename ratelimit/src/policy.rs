@@ -439,9 +439,21 @@ fn valid_name(name: String) -> Result<String, PolicyError> {
     }
 }
 
+/// The `RateLimit-Policy` field value of one policy, `"name";q=Q;w=W` (`w` omitted when
+/// `None`: a limit with no time window, such as a concurrency limit), draft §3.1. The one
+/// formatter of this field (see [`ratelimit_field`](crate::headers::ratelimit_field)). `None` only for a name that is not
+/// header-safe.
+pub fn policy_field(name: &str, quota: u64, window_secs: Option<u64>) -> Option<HeaderValue> {
+    let field = match window_secs {
+        Some(w) => format!("\"{name}\";q={quota};w={w}"),
+        None => format!("\"{name}\";q={quota}"),
+    };
+    HeaderValue::from_str(&field).ok()
+}
+
 /// `"name";q=LIMIT;w=WINDOW_SECS` for a calendar quota.
 fn quota_header(name: &str, limit: u64, window_secs: u64) -> HeaderValue {
-    crate::headers::policy_field(name, limit, Some(window_secs))
+    policy_field(name, limit, Some(window_secs))
         .unwrap_or_else(|| HeaderValue::from_static("\"policy\""))
 }
 
@@ -461,7 +473,7 @@ fn policy_header(name: &str, rate: u64, per: Duration) -> HeaderValue {
     };
     let saturate = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
     // The name is validated to a header-safe alphabet, so this cannot fail.
-    crate::headers::policy_field(name, saturate(q), Some(saturate(w)))
+    policy_field(name, saturate(q), Some(saturate(w)))
         .unwrap_or_else(|| HeaderValue::from_static("\"policy\""))
 }
 

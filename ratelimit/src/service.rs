@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
-use tower::Service;
+use tower::{Layer, Service};
 
 use crate::decision::Verdict;
 use crate::headers::write_verdict_headers;
@@ -29,6 +29,16 @@ pub struct RateLimit<S> {
     inner: S,
     // One Arc: axum clones the service per request, so this is one refcount increment.
     shared: Arc<RateLimitLayer>,
+}
+
+// The layer's `Layer` impl lives here, with the service it builds, so that `layer.rs` (the
+// configuration) does not import the service that imports it.
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, self.clone())
+    }
 }
 
 // === impl RateLimit ===
