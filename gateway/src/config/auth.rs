@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::HumanDuration;
 use super::error::Issues;
-use crate::pipeline::jwt::{Algorithm, KeySet};
+use crate::pipeline::jwt::{Algorithm, JwksLocation, JwtSettings, KeySet};
 
 /// Default `auth.jwt.algorithms`: every asymmetric algorithm the gateway verifies.
 pub const DEFAULT_JWT_ALGORITHMS: [&str; 3] = ["RS256", "ES256", "EdDSA"];
@@ -116,49 +116,6 @@ fn default_timeout() -> HumanDuration {
 pub struct AuthSettings {
     /// Bearer JWTs, when configured.
     pub jwt: Option<Arc<JwtSettings>>,
-}
-
-/// Where the key set comes from.
-#[derive(Debug, Clone)]
-pub enum JwksLocation {
-    /// Fetched over HTTP(S); `tls` is set for `https://`.
-    Url {
-        /// The JWKS address.
-        uri: http::Uri,
-        /// Client configuration (system roots) for `https://`.
-        tls: Option<Arc<rustls::ClientConfig>>,
-    },
-    /// Read from this file.
-    File(PathBuf),
-}
-
-/// Validated `[auth.jwt]`.
-#[derive(Debug, Clone)]
-pub struct JwtSettings {
-    /// Required `iss`.
-    pub issuer: String,
-    /// Accepted audiences.
-    pub audiences: Vec<String>,
-    /// Key set source.
-    pub jwks: JwksLocation,
-    /// The file's keys as read at start-up (`None` for a URL: fetched in the background).
-    pub initial_keys: Option<Arc<KeySet>>,
-    /// Accepted algorithms.
-    pub algorithms: Vec<Algorithm>,
-    /// Tolerance on `exp` / `nbf`.
-    pub clock_skew: Duration,
-    /// The claim naming the tenant.
-    pub tenant_claim: String,
-    /// Claims forwarded as headers.
-    pub claims_to_headers: Vec<(String, HeaderName)>,
-    /// Keep `Authorization` on the forwarded request.
-    pub forward_token: bool,
-    /// Periodic refetch.
-    pub refresh_interval: Duration,
-    /// Unknown-`kid` refresh rate limit.
-    pub refresh_cooldown: Duration,
-    /// One fetch's bound.
-    pub fetch_timeout: Duration,
 }
 
 pub(super) fn auth(raw: &RawAuth, issues: &mut Issues) -> AuthSettings {

@@ -9,22 +9,23 @@
 mod auth;
 mod backend;
 mod balance;
+mod bucket;
 mod duration;
 mod error;
 pub mod raw;
 mod routes;
+mod settings;
 pub mod telemetry;
 mod tls;
 mod upstream;
 mod validate;
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
-pub use crate::pipeline::router::{HeaderRule, HeaderValueRule, HostRule, PathRule, Pattern};
-pub use auth::{AuthSettings, JwksLocation, JwtSettings};
+pub use crate::pipeline::jwt::{JwksLocation, JwtSettings};
+pub use crate::pipeline::router::pattern::{PathRule, Pattern};
+pub use crate::pipeline::router::rules::{HeaderRule, HeaderValueRule, HostRule};
+pub use auth::AuthSettings;
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use balance::{
     DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings, MAX_WEIGHT,
@@ -34,349 +35,17 @@ pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
+pub use settings::{
+    Bucket, Config, DemoSettings, Env, IdempotencySettings, InFlightMode, LogFormat, Priority,
+    ProcessEnv, RateLimitSettings, RouteSettings, Secret, ServerSettings, StorageSettings,
+    StoreErrorMode, SyncMode, TenantSettings, UpstreamSettings,
+};
 pub use telemetry::TelemetrySettings;
 pub use tls::{Http2Settings, UpstreamTls};
 pub use upstream::parse_endpoints_file;
 
 /// Environment variable holding the admin API bearer token.
 pub use portcullis_control::ENV_ADMIN_TOKEN;
-
-/// Reads environment variables; tests pass a map instead of mutating the process environment.
-pub trait Env {
-    /// The variable's value, if set.
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
-impl Env for std::collections::HashMap<String, String> {
-    fn get(&self, name: &str) -> Option<String> {
-        self.get(name).cloned()
-    }
-}
-
-/// A secret string whose `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<str>);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(value: &str) -> Self {
-        Self(Arc::from(value))
-    }
-
-    /// The secret itself; call only where it is compared or hashed.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("\"<redacted>\"")
-    }
-}
-
-/// The validated configuration.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Listeners and request limits.
-    pub server: ServerSettings,
-    /// Storage backends.
-    pub storage: StorageSettings,
-    /// Non-tenant rate-limit policies.
-    pub rate_limit: RateLimitSettings,
-    /// Tenants from the file.
-    pub tenants: Vec<TenantSettings>,
-    /// Backends, by index.
-    pub upstreams: Vec<UpstreamSettings>,
-    /// Routes, in file order.
-    pub routes: Vec<RouteSettings>,
-    /// Demo upstream.
-    pub demo: DemoSettings,
-    /// Tracing export, access log, per-tenant metric labels.
-    pub telemetry: TelemetrySettings,
-    /// Admin API token from the environment; `None` → admin API endpoints are disabled.
-    pub admin_token: Option<Secret>,
-    /// Caller authentication besides API keys (`[auth.jwt]`).
-    pub auth: AuthSettings,
-    /// How endpoint host names are resolved.
-    pub discovery: DiscoverySettings,
-}
-
-/// Validated `[server]`.
-#[derive(Debug, Clone)]
-pub struct ServerSettings {
-    /// Proxy listener.
-    pub listen: SocketAddr,
-    /// Admin listener.
-    pub admin_listen: SocketAddr,
-    /// Request body limit.
-    pub max_body_bytes: u64,
-    /// Request head limit.
-    pub max_header_bytes: usize,
-    /// Load-shedding cap.
-    pub max_in_flight: usize,
-    /// Share of the cap only critical routes may use; not held back when no route is
-    /// critical (`pipeline::shed`).
-    pub critical_reserve: f64,
-    /// Peers whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// Graceful shutdown bound.
-    pub shutdown_grace: Duration,
-    /// Request head read bound.
-    pub header_read_timeout: Duration,
-    /// Idle keep-alive bound.
-    pub keep_alive_timeout: Duration,
-    /// Bound on a write the client does not take.
-    pub send_timeout: Duration,
-    /// Connection cap of the proxy listener.
-    pub max_connections: usize,
-    /// Request body read bound.
-    pub body_read_timeout: Duration,
-    /// Log format.
-    pub log_format: LogFormat,
-    /// Runtime worker threads (0 = per core).
-    pub worker_threads: usize,
-    /// HTTP/2 prior knowledge on the plain listener.
-    pub h2c: bool,
-    /// HTTP/2 limits toward clients.
-    pub http2: Http2Settings,
-    /// Proxy listener certificate; `None` → plain HTTP.
-    pub tls: Option<Arc<crate::tls::ReloadableCert>>,
-    /// Admin listener certificate; `None` → plain HTTP.
-    pub admin_tls: Option<Arc<crate::tls::ReloadableCert>>,
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Human,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Validated `[storage]`.
-#[derive(Debug, Clone)]
-pub struct StorageSettings {
-    /// Rate-limit state.
-    pub state: StateBackend,
-    /// Idempotency records.
-    pub idempotency: IdempotencyBackend,
-    /// Tenants database.
-    pub database: DatabaseBackend,
-    /// Memory idempotency store bound.
-    pub memory_max_bytes: u64,
-    /// State-store round-trip timeout.
-    pub state_timeout: Duration,
-    /// Connections of the PostgreSQL idempotency store (`None`: derived from the cores).
-    pub postgres_pool_size: Option<u32>,
-}
-
-/// What the rate limiter does when the state store fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreErrorMode {
-    /// Fall back to a local limiter sized limit/replicas.
-    FailOpen,
-    /// Answer 503 + Retry-After.
-    FailClosed,
-}
-
-/// How the rate limiter uses a shared state store (`rate_limit.sync`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SyncMode {
-    /// One round trip per decision.
-    Exact,
-    /// Decisions from leased batches of tokens; the fleet may over-admit up to this fraction
-    /// of a policy's limit.
-    Batched {
-        /// `rate_limit.max_overshoot`, in (0, 1].
-        max_overshoot: f64,
-    },
-}
-
-/// A validated token bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bucket {
-    /// Tokens per period.
-    pub rate: u64,
-    /// Period.
-    pub per: Duration,
-    /// Capacity.
-    pub burst: u64,
-    /// Never reject.
-    pub shadow: bool,
-}
-
-/// Validated `[rate_limit]`.
-#[derive(Debug, Clone)]
-pub struct RateLimitSettings {
-    /// Store failure behaviour.
-    pub on_store_error: StoreErrorMode,
-    /// Replicas sharing the store.
-    pub replicas: u32,
-    /// How decisions reach a shared store.
-    pub sync: SyncMode,
-    /// Per-IP bucket for anonymous clients.
-    pub anonymous: Option<Bucket>,
-    /// Global ceiling.
-    pub global: Option<Bucket>,
-}
-
-/// A tenant from the file.
-#[derive(Debug, Clone)]
-pub struct TenantSettings {
-    /// Tenant id.
-    pub id: String,
-    /// API keys (secret).
-    pub api_keys: Vec<Secret>,
-    /// The tenant's bucket.
-    pub bucket: Bucket,
-    /// Requests per UTC day.
-    pub daily_quota: Option<u64>,
-    /// Requests per UTC month.
-    pub monthly_quota: Option<u64>,
-    /// Requests in flight at once (per replica).
-    pub max_in_flight: Option<u64>,
-}
-
-/// A validated upstream.
-#[derive(Debug, Clone)]
-pub struct UpstreamSettings {
-    /// Name.
-    pub name: String,
-    /// Endpoint base URIs (`http://host:port` or `https://host:port`).
-    pub endpoints: Vec<http::Uri>,
-    /// Connect timeout.
-    pub connect_timeout: Duration,
-    /// Per-attempt timeout.
-    pub attempt_timeout: Duration,
-    /// Backend dedupes on the forwarded key.
-    pub dedupes_idempotency_keys: bool,
-    /// Retry policy (routes may override parts of it).
-    pub retry: RetryPolicy,
-    /// Retry budget of this upstream.
-    pub budget: BudgetConfig,
-    /// Adaptive throttling bounds; `None` when `adaptive` is off.
-    pub adaptive: Option<portcullis_retry::AdaptiveConfig>,
-    /// How long a request the gateway gave up retrying is remembered (a client's retry of it
-    /// gets one attempt); zero disables.
-    pub client_retry_window: Duration,
-    /// Circuit breaker of this upstream.
-    pub circuit_breaker: BreakerConfig,
-    /// Idle pooled connections per endpoint.
-    pub pool_max_idle: usize,
-    /// TLS client configuration, when an endpoint is `https://`.
-    pub tls: Option<UpstreamTls>,
-    /// Bound on the TLS handshake (after TCP connect).
-    pub tls_handshake_timeout: Duration,
-    /// Speak HTTP/2 to this upstream.
-    pub http2: bool,
-    /// Weight of each of `endpoints`, alike indexed.
-    pub weights: Vec<u32>,
-    /// How the next attempt's endpoint is picked.
-    pub load_balancer: LoadBalancer,
-    /// Active health checks, when configured.
-    pub health_check: Option<HealthCheckSettings>,
-    /// Passive outlier ejection.
-    pub outlier: OutlierSettings,
-    /// Percentage of usable endpoints below which all are used (panic mode).
-    pub panic_threshold: u8,
-    /// Endpoint file watched for changes.
-    pub endpoints_file: Option<std::path::PathBuf>,
-    /// Re-resolution and file-check interval.
-    pub resolve_interval: Duration,
-}
-
-/// What a duplicate in flight gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InFlightMode {
-    /// 409 + Retry-After.
-    Reject,
-    /// Wait up to the bound for the first to finish, then replay.
-    Wait(Duration),
-}
-
-/// Validated idempotency settings of a route.
-#[derive(Debug, Clone)]
-pub struct IdempotencySettings {
-    /// Methods the key applies to.
-    pub methods: Vec<http::Method>,
-    /// Key required.
-    pub require_key: bool,
-    /// Retention.
-    pub ttl: Duration,
-    /// Duplicate-in-flight behaviour.
-    pub on_in_flight: InFlightMode,
-    /// In-flight lease.
-    pub lease: Duration,
-    /// Longest key.
-    pub max_key_length: usize,
-    /// Largest stored response.
-    pub max_response_bytes: usize,
-}
-
-/// A validated route.
-#[derive(Debug, Clone)]
-pub struct RouteSettings {
-    /// Identity: metrics label, quota overrides, rate-limit keys, idempotency scope.
-    pub name: String,
-    /// How the path matches.
-    pub path: PathRule,
-    /// Hosts; empty: any.
-    pub hosts: Vec<HostRule>,
-    /// Methods; empty: any.
-    pub methods: Vec<http::Method>,
-    /// Header conditions.
-    pub headers: Vec<HeaderRule>,
-    /// Index into [`Config::upstreams`].
-    pub upstream: usize,
-    /// Token cost.
-    pub cost: u32,
-    /// Own limit.
-    pub limit: Option<Bucket>,
-    /// All methods idempotent.
-    pub idempotent: bool,
-    /// What replaces the matched prefix (or exact path) when forwarding; `strip_prefix` is
-    /// `"/"`.
-    pub rewrite: Option<String>,
-    /// Effective retry policy (the upstream's, with the route's overrides).
-    pub retry: Arc<RetryPolicy>,
-    /// Idempotency, when enabled.
-    pub idempotency: Option<IdempotencySettings>,
-    /// Requests of one caller in flight at once on this route.
-    pub max_in_flight: Option<u32>,
-    /// Whether the route may use the critical reserve of `server.max_in_flight`.
-    pub priority: Priority,
-}
-
-/// A route's load-shedding priority (`priority` on a route).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Priority {
-    /// Shed once the normal share of `server.max_in_flight` is in flight.
-    #[default]
-    Normal,
-    /// Shed only at `server.max_in_flight` itself.
-    Critical,
-}
-
-/// Validated `[demo]`.
-#[derive(Debug, Clone)]
-pub struct DemoSettings {
-    /// Start the demo upstream.
-    pub enabled: bool,
-    /// Its address.
-    pub listen: SocketAddr,
-}
 
 // === impl Config ===
 

@@ -1,5 +1,5 @@
 //! Stage one: the TOML file as serde structs, with documented defaults and unknown fields
-//! refused. Nothing here is trusted yet; `validate` turns it into [`super::Config`].
+//! refused. Nothing here is trusted yet; `validate` turns it into [`Config`](super::settings::Config).
 
 use serde::{Deserialize, Serialize};
 

@@ -6,11 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::bucket::bucket;
+use super::duration::HumanDuration;
 use super::error::Issues;
 use super::raw::{RawConfig, RawHeaderMatch, RawIdempotency, RawRoute};
+use super::settings::*;
 use super::upstream::{route_retry, with_hedge};
-use super::validate::bucket;
-use super::*;
+use crate::pipeline::router::pattern::{PathRule, Pattern};
+use crate::pipeline::router::rules::{HeaderRule, HeaderValueRule, HostRule};
+use portcullis_retry::RetryPolicy;
 
 /// Seed 002 R-6: idempotency records are kept at least this long.
 pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);

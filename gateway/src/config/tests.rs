@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::time::Duration;
 
 use super::*;
 use portcullis_retry::HedgeAfter;

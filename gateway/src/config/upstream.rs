@@ -8,7 +8,7 @@ use super::balance::{self, MAX_WEIGHT};
 use super::duration::AttemptTimeout;
 use super::error::Issues;
 use super::raw::{RawAdaptive, RawHedge, RawRetry, RawRouteRetry, RawUpstream};
-use super::UpstreamSettings;
+use super::settings::UpstreamSettings;
 use portcullis_retry::{
     AdaptiveConfig, BreakerConfig, BudgetConfig, HedgeAfter, InvalidRetryConfig, Jitter,
     RetryParams, RetryPolicy,

@@ -4,10 +4,14 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::backend::{DatabaseBackend, IdempotencyBackend, StateBackend};
+use super::bucket::bucket;
+use super::error::ConfigError;
 use super::error::Issues;
-use super::raw::{RawBucket, RawConfig};
+use super::raw::{self, RawBucket, RawConfig};
+use super::settings::*;
 use super::upstream::{upstream, valid_id};
-use super::*;
+use portcullis_control::ENV_ADMIN_TOKEN;
 
 /// Largest `server.critical_reserve`: normal requests always keep a tenth of the cap.
 pub const MAX_CRITICAL_RESERVE: f64 = 0.9;
@@ -293,38 +297,6 @@ fn rate_limit(raw: &raw::RawRateLimit, issues: &mut Issues) -> RateLimitSettings
             .global
             .as_ref()
             .map(|b| bucket("rate_limit.global", b, issues)),
-    }
-}
-
-pub(super) fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {
-    issues.range(format!("{path}.rate"), raw.rate, 1, u32::MAX as u64);
-    issues.range(format!("{path}.burst"), raw.burst, 1, u32::MAX as u64);
-    issues.duration_range(
-        &format!("{path}.per"),
-        raw.per.get(),
-        Duration::from_millis(1),
-        Duration::from_secs(366 * 86_400),
-    );
-    // The limiter's own limits (at most one token per nanosecond, a full refill within
-    // 2^48 µs, or 2^52 ns above one token per µs): refused here rather than dropped with a warning at start-up.
-    if raw.rate >= 1 && raw.burst >= 1 && !raw.per.get().is_zero() {
-        if let Err(err) =
-            portcullis_ratelimit::Policy::try_new("check", raw.rate, raw.per.get(), raw.burst)
-        {
-            issues.push(
-                path.to_owned(),
-                format!(
-                    "= {{ rate = {}, per = {}, burst = {} }}: {err}",
-                    raw.rate, raw.per, raw.burst
-                ),
-            );
-        }
-    }
-    Bucket {
-        rate: raw.rate,
-        per: raw.per.get(),
-        burst: raw.burst,
-        shadow: raw.shadow,
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub(crate) mod concurrency;
 pub mod context;
+pub mod credentials;
 pub mod idempotency;
 pub(crate) mod in_flight;
 pub mod jwt;

@@ -30,12 +30,8 @@ use sha2::{Digest, Sha256};
 
 use portcullis_problem::Problem;
 
+use crate::pipeline::credentials::{X_API_KEY, X_PORTCULLIS_TENANT};
 use crate::pipeline::jwt::{JwtAuth, JwtError, Verified};
-
-/// Header carrying an API key.
-pub static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-/// Header telling backends which tenant called (set by the gateway only).
-pub static X_PORTCULLIS_TENANT: HeaderName = HeaderName::from_static("x-portcullis-tenant");
 
 /// The resolved caller, part of the request context.
 #[derive(Debug, Clone)]

@@ -27,6 +27,7 @@ mod fetch;
 mod jwk;
 mod keys;
 mod layer;
+mod settings;
 mod token;
 
 use std::sync::Arc;
@@ -36,11 +37,11 @@ use http::{header, HeaderMap, HeaderName, HeaderValue};
 use portcullis_control::{Directory, Tenant};
 use portcullis_retry::{SystemWallClock, WallClock};
 
-use crate::config::{JwksLocation, JwtSettings};
 pub use error::JwtError;
 pub use jwk::{Algorithm, KeySet};
 use keys::KeyCache;
 pub(crate) use layer::JwtKeysLayer;
+pub use settings::{JwksLocation, JwtSettings};
 use token::{check_claims, claim_header_text, looks_like_jwt, Parsed, Rules};
 
 /// The `[auth.jwt]` verifier with its key cache; shared by the pipeline's layers.
@@ -103,7 +104,7 @@ impl JwtAuth {
     /// The bearer JWT this request presents, if it is to be verified here: no `X-API-Key`
     /// (which wins), and an `Authorization: Bearer` value shaped like a JWT.
     pub(crate) fn presented<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        if headers.contains_key(&crate::pipeline::tenant::X_API_KEY) {
+        if headers.contains_key(&crate::pipeline::credentials::X_API_KEY) {
             return None;
         }
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;

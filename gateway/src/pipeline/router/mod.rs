@@ -33,8 +33,8 @@
 //! allocates nothing: the host is lower-cased into a stack buffer.
 
 mod index;
-mod pattern;
-mod rules;
+pub(crate) mod pattern;
+pub(crate) mod rules;
 
 pub use pattern::{PathRule, Pattern};
 pub use rules::{HeaderRule, HeaderValueRule, HostRule};
