@@ -1,11 +1,28 @@
-//! A token bucket table, `{ rate, per, burst, shadow }`, checked against the limiter's own
-//! bounds. Shared by `[rate_limit]`, tenants and routes.
+//! A token bucket table, `{ rate, per, burst, shadow }`: as written in the file, and checked
+//! against the limiter's own bounds. Shared by `[rate_limit]`, tenants and routes.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use super::duration::HumanDuration;
 use super::error::Issues;
-use super::raw::RawBucket;
 use super::settings::Bucket;
+
+/// A token bucket: `rate` tokens every `per`, holding at most `burst`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBucket {
+    /// Tokens added per period.
+    pub rate: u64,
+    /// The period.
+    pub per: HumanDuration,
+    /// Bucket capacity.
+    pub burst: u64,
+    /// Evaluate and emit headers but never reject.
+    #[serde(default)]
+    pub shadow: bool,
+}
 
 /// The validated bucket at `path`; every problem is pushed to `issues` with its field path.
 pub(super) fn bucket(path: &str, raw: &RawBucket, issues: &mut Issues) -> Bucket {

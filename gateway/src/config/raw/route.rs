@@ -1,0 +1,154 @@
+//! Stage one of `[[routes]]`: matching, the upstream, and the route's own overrides of
+//! retry, idempotency and hedging, as written in the file.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::bucket::RawBucket;
+use crate::config::duration::HumanDuration;
+
+/// `retry = { … }` on a route: overrides of the upstream's policy.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouteRetry {
+    /// Retries after the first attempt (0–5).
+    pub max_retries: Option<u32>,
+    /// Backoff base.
+    pub base: Option<HumanDuration>,
+    /// Backoff cap.
+    pub cap: Option<HumanDuration>,
+    /// Total time for all attempts (≤ 30 s).
+    pub total: Option<HumanDuration>,
+    /// `"full"` or `"decorrelated"`.
+    pub jitter: Option<String>,
+    /// Largest request body kept for replay.
+    pub body_replay_limit: Option<usize>,
+}
+
+/// `[[routes]]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// The route's identity (metrics label, per-route quota overrides, rate-limit keys,
+    /// idempotency scope); default: its `prefix`, `exact` or `pattern` text. Unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Path prefix, on a segment boundary. Exactly one of `prefix`, `exact`, `pattern`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Exact path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    /// Segment pattern: `/orders/{id}/items`, `/files/{*rest}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Hosts (`api.example.com`, `*.example.com`); empty: any host.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Methods; empty: any method.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Header conditions, all of which must hold.
+    #[serde(default)]
+    pub headers: Vec<RawHeaderMatch>,
+    /// Replaces the matched prefix (or the exact path) before forwarding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<String>,
+    /// Whole-request deadline on this route (the retry policy's `total`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
+    /// Upstream name.
+    pub upstream: String,
+    /// Tokens one request costs.
+    #[serde(default = "default_cost")]
+    pub cost: u32,
+    /// Own per-tenant limit on this route.
+    #[serde(default)]
+    pub limit: Option<RawBucket>,
+    /// Treat every method on this route as idempotent for retries.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// Remove the prefix before forwarding.
+    #[serde(default)]
+    pub strip_prefix: bool,
+    /// Retry policy override; unset fields inherit the upstream's. The budget stays per
+    /// upstream, so budget fields are refused here.
+    #[serde(default)]
+    pub retry: Option<RawRouteRetry>,
+    /// Idempotency-Key handling.
+    #[serde(default)]
+    pub idempotency: Option<RawIdempotency>,
+    /// Requests of one caller (tenant, else client address) in flight at once on this
+    /// route; over it → 429.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// `"normal"` (default) or `"critical"`: critical routes may use the share of
+    /// `server.max_in_flight` kept by `server.critical_reserve`.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Hedged first attempts for idempotent requests.
+    #[serde(default)]
+    pub hedge: Option<RawHedge>,
+}
+
+/// `hedge = { after = "p95" }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHedge {
+    /// `"p50"`…`"p99.9"` of the upstream's measured attempt latency, or a duration.
+    pub after: String,
+}
+
+/// `headers = [{ name = "x-version", value = "2" }, { name = "x-tenant", regex = "^eu-" }]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    /// Field name (case-insensitive).
+    pub name: String,
+    /// Exact value (case-sensitive). Exactly one of `value`, `regex`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Regex searched in the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+}
+
+fn default_cost() -> u32 {
+    1
+}
+
+/// `idempotency = { … }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawIdempotency {
+    /// Methods the key applies to.
+    pub methods: Vec<String>,
+    /// A request without a key → 400.
+    pub require_key: bool,
+    /// Retention of completed records (≥ 24 h).
+    pub ttl: HumanDuration,
+    /// `"reject"` (409) or `"wait"` for a duplicate in flight.
+    pub on_in_flight: String,
+    /// Longest wait in `"wait"` mode.
+    pub wait_timeout: HumanDuration,
+    /// In-flight lease; must exceed the route's total retry time.
+    pub lease: HumanDuration,
+    /// Longest accepted key (1–255).
+    pub max_key_length: usize,
+    /// Largest response stored for replay.
+    pub max_response_bytes: usize,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        Self {
+            methods: vec!["POST".into(), "PATCH".into()],
+            require_key: false,
+            ttl: HumanDuration::secs(24 * 3600),
+            on_in_flight: "reject".into(),
+            wait_timeout: HumanDuration::secs(10),
+            lease: HumanDuration::secs(60),
+            max_key_length: 64,
+            max_response_bytes: 1024 * 1024,
+        }
+    }
+}
