@@ -43,11 +43,10 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
@@ -57,13 +56,10 @@ use crate::decision::{Decision, Verdict};
 use crate::gcra::Gcra;
 use crate::key::LimitKey;
 use crate::period::Quota;
+use table::{lock, Shard, Table, WindowAt};
 
-/// Smallest shard size at which an insert triggers a sweep.
-const MIN_SWEEP: usize = 64;
 /// One tick of the local clock.
 const NANO: Duration = Duration::from_nanos(1);
-/// Entries sampled when a shard at its cap must evict one.
-const EVICTION_SAMPLE: usize = 8;
 
 /// Settings for [`LocalLimiter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,50 +85,11 @@ pub struct LocalLimiter {
     origin: Instant,
 }
 
-// 128-byte alignment keeps two shards' mutexes off one cache line (and off one adjacent-line
-// prefetch pair on x86), so two threads on different shards do not contend.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Shard(Mutex<Table>);
-
-#[derive(Debug)]
-struct Table {
-    entries: HashTable<Entry>,
-    sweep_at: usize,
-    counters: HashTable<Counter>,
-    counters_sweep_at: usize,
-}
-
-#[derive(Debug)]
-struct Entry {
-    hash: u64,
-    tat: u64,
-    key: Box<str>,
-}
-
-/// One window of a calendar quota. Hashed by key alone (same shard as the key's buckets),
-/// identified by key and window.
-#[derive(Debug)]
-struct Counter {
-    hash: u64,
-    window: u64,
-    used: u64,
-    /// Tick at which the window ends; the counter is worthless from then on.
-    expires: u64,
-    key: Box<str>,
-}
-
 /// Where one check's state lives: the key's hash and, for a calendar quota, its window.
 #[derive(Debug, Clone, Copy)]
 struct Target {
     hash: u64,
     window: Option<WindowAt>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct WindowAt {
-    id: u64,
-    until_end: Duration,
 }
 
 // === impl LocalLimiterConfig ===
@@ -161,16 +118,7 @@ impl LocalLimiter {
         let shard_cap = config.max_keys.div_ceil(shards).max(1);
         let origin = clock.now();
         Self {
-            shards: (0..shards)
-                .map(|_| {
-                    Shard(Mutex::new(Table {
-                        entries: HashTable::new(),
-                        sweep_at: MIN_SWEEP,
-                        counters: HashTable::new(),
-                        counters_sweep_at: MIN_SWEEP,
-                    }))
-                })
-                .collect(),
+            shards: (0..shards).map(|_| Shard::new()).collect(),
             mask: shards - 1,
             shard_cap,
             share: u64::from(config.share.max(1)),
@@ -182,13 +130,7 @@ impl LocalLimiter {
 
     /// Number of tracked keys, buckets and quota counters (for a gauge; walks all shards).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let table = lock(s);
-                table.entries.len() + table.counters.len()
-            })
-            .sum()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether no key is tracked.
@@ -200,16 +142,7 @@ impl LocalLimiter {
     /// not yet swept.
     pub fn contains(&self, key: &LimitKey) -> bool {
         let hash = self.hasher.hash_one(key.as_str());
-        let table = lock(&self.shards[self.shard_of(hash)]);
-        let key = key.as_str();
-        table
-            .entries
-            .find(hash, |e| e.hash == hash && &*e.key == key)
-            .is_some()
-            || table
-                .counters
-                .find(hash, |c| c.hash == hash && &*c.key == key)
-                .is_some()
+        lock(&self.shards[self.shard_of(hash)]).contains(hash, key.as_str())
     }
 
     /// Drops every full bucket and every quota counter whose window has ended, now.
@@ -437,140 +370,6 @@ impl Limiter for LocalLimiter {
     }
 }
 
-// === impl Table ===
-
-impl Table {
-    fn tat(&self, hash: u64, key: &str) -> Option<u64> {
-        self.entries
-            .find(hash, |e| e.hash == hash && &*e.key == key)
-            .map(|e| e.tat)
-    }
-
-    fn store(&mut self, hash: u64, key: &str, tat: u64, now: u64, cap: usize) {
-        if let Some(e) = self
-            .entries
-            .find_mut(hash, |e| e.hash == hash && &*e.key == key)
-        {
-            e.tat = tat;
-            return;
-        }
-        if self.entries.len() >= cap {
-            self.evict_one();
-        } else if self.entries.len() >= self.sweep_at {
-            self.sweep_entries(now);
-        }
-        let entry = Entry {
-            hash,
-            tat,
-            key: key.into(),
-        };
-        self.entries.insert_unique(hash, entry, |e| e.hash);
-    }
-
-    fn remove(&mut self, hash: u64, key: &str) {
-        if let Ok(entry) = self
-            .entries
-            .find_entry(hash, |e| e.hash == hash && &*e.key == key)
-        {
-            entry.remove();
-        }
-    }
-
-    fn sweep_entries(&mut self, now: u64) {
-        self.entries.retain(|e| e.tat > now);
-        self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
-    }
-
-    /// Units used in `window` of the quota `key` (0: no counter).
-    fn used(&self, hash: u64, key: &str, window: u64) -> u64 {
-        self.counters
-            .find(hash, |c| {
-                c.hash == hash && c.window == window && &*c.key == key
-            })
-            .map_or(0, |c| c.used)
-    }
-
-    /// Sets the count of window `w` of the quota `key` to `used`, creating the counter
-    /// (expiring when the window ends) if needed.
-    fn store_counter(
-        &mut self,
-        hash: u64,
-        key: &str,
-        w: WindowAt,
-        used: u64,
-        now: u64,
-        cap: usize,
-    ) {
-        if let Some(c) = self.counters.find_mut(hash, |c| {
-            c.hash == hash && c.window == w.id && &*c.key == key
-        }) {
-            c.used = used;
-            return;
-        }
-        if self.counters.len() >= cap {
-            self.evict_one_counter();
-        } else if self.counters.len() >= self.counters_sweep_at {
-            self.sweep_counters(now);
-        }
-        let counter = Counter {
-            hash,
-            window: w.id,
-            used,
-            expires: now.saturating_add(u64::try_from(w.until_end.as_nanos()).unwrap_or(u64::MAX)),
-            key: key.into(),
-        };
-        self.counters.insert_unique(hash, counter, |c| c.hash);
-    }
-
-    fn remove_counter(&mut self, hash: u64, key: &str, window: u64) {
-        if let Ok(entry) = self.counters.find_entry(hash, |c| {
-            c.hash == hash && c.window == window && &*c.key == key
-        }) {
-            entry.remove();
-        }
-    }
-
-    /// Drops the counters of windows that have ended; a live counter is never dropped.
-    fn sweep_counters(&mut self, now: u64) {
-        self.counters.retain(|c| c.expires > now);
-        self.counters_sweep_at = (self.counters.len() * 2).max(MIN_SWEEP);
-    }
-
-    fn evict_one(&mut self) {
-        let victim = self
-            .entries
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|e| e.tat)
-            .map(|e| (e.hash, e.key.clone()));
-        if let Some((hash, key)) = victim {
-            if let Ok(entry) = self
-                .entries
-                .find_entry(hash, |e| e.hash == hash && e.key == key)
-            {
-                entry.remove();
-            }
-        }
-    }
-
-    fn evict_one_counter(&mut self) {
-        let victim = self
-            .counters
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|c| c.expires)
-            .map(|c| (c.hash, c.window, c.key.clone()));
-        if let Some((hash, window, key)) = victim {
-            self.remove_counter(hash, &key, window);
-        }
-    }
-}
-
-fn lock(shard: &Shard) -> MutexGuard<'_, Table> {
-    // A panic while holding a shard cannot leave an entry half-written (each is a plain
-    // integer update), so a poisoned lock is still a consistent table.
-    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
+mod table;
 #[cfg(test)]
 mod tests;
