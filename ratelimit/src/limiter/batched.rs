@@ -79,8 +79,7 @@
 //! do not see leased tokens.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use smallvec::SmallVec;
@@ -91,21 +90,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Verdict};
 use crate::key::LimitKey;
 use crate::policy::Policy;
-
-/// Settings for [`BatchedLimiter`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BatchedConfig {
-    /// The fraction of a policy's limit (its burst) the fleet may over-admit, in
-    /// `(0, 1]` (default 0.05).
-    pub max_overshoot: f64,
-    /// Gateway replicas sharing the store: each leases `1/replicas` of the overshoot budget
-    /// (min 1, default 1).
-    pub replicas: u32,
-    /// How long an untouched lease is kept before its tokens are returned (default 1 s).
-    pub lease_ttl: Duration,
-    /// Most buckets leased at once; further buckets are decided exactly (default 10 000).
-    pub max_leases: usize,
-}
+pub use lease::BatchedConfig;
+use lease::{full, lease_check, lock, same_policy, with_lease, Lease, State};
+use pending::{store_checks, Pending, Plan};
 
 /// A limiter deciding from leased batches of tokens. See the module docs.
 #[derive(Debug)]
@@ -115,83 +102,6 @@ pub struct BatchedLimiter {
     clock: Arc<dyn Clock>,
     /// Shared with the background top-ups.
     state: Arc<Mutex<State>>,
-}
-
-#[derive(Debug)]
-struct State {
-    leases: HashMap<LimitKey, Lease>,
-    next_sweep: Instant,
-}
-
-/// Tokens this replica took from one shared bucket and has not spent yet.
-#[derive(Debug)]
-struct Lease {
-    policy: Arc<Policy>,
-    tokens: u64,
-    /// A request is topping this lease up: others decide exactly meanwhile.
-    refilling: bool,
-    /// The store's last answer for this bucket left fewer than a lease in it: requests the
-    /// lease cannot serve are decided exactly (one round trip, as in exact mode) until an
-    /// answer shows a lease's worth again, rather than trying a top-up that would not fit.
-    low: bool,
-    /// When the lease was last topped up, and the store's decision then.
-    topped_up: Instant,
-    /// When a request last spent from it: an idle lease goes back after `lease_ttl`.
-    used: Instant,
-    snapshot: Decision,
-}
-
-/// How one check of a request is decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
-    /// From the lease, `cost` tokens already reserved.
-    Local,
-    /// By the store at the check's own cost.
-    Exact,
-    /// By the store with cost `top_up` (bringing the lease back to its size, or taking what
-    /// the shared bucket has left when that is less).
-    TopUp(u64),
-    /// By the store at the check's cost minus `borrowed` tokens already taken from the
-    /// lease: the bucket had fewer tokens than the request's cost, the lease the rest.
-    Borrow(u64),
-}
-
-/// The reservations of one request in flight. Dropped without [`Pending::settle`] (the
-/// store failed, or the caller stopped waiting), it puts reserved tokens back and clears
-/// the top-up marks, so a cancelled request neither consumes nor blocks a lease.
-struct Pending<'a> {
-    limiter: &'a BatchedLimiter,
-    checks: &'a [Check],
-    plans: SmallVec<[Plan; 4]>,
-    settled: bool,
-}
-
-// === impl BatchedConfig ===
-
-impl Default for BatchedConfig {
-    fn default() -> Self {
-        Self {
-            max_overshoot: 0.05,
-            replicas: 1,
-            lease_ttl: Duration::from_secs(1),
-            max_leases: 10_000,
-        }
-    }
-}
-
-impl BatchedConfig {
-    /// The lease size for `policy`, or `None` when its checks are decided exactly.
-    fn lease_size(&self, policy: &Policy) -> Option<u64> {
-        if policy.period().is_some() || policy.is_shadow() {
-            return None;
-        }
-        let share = self.max_overshoot * policy.burst() as f64 / f64::from(self.replicas.max(1));
-        // `as` saturates (NaN → 0); the burst and u32 (a check's cost) bound it.
-        let size = (share.floor() as u64)
-            .min(policy.burst())
-            .min(u64::from(u32::MAX));
-        (size >= 2).then_some(size)
-    }
 }
 
 // === impl BatchedLimiter ===
@@ -390,47 +300,6 @@ impl BatchedLimiter {
         }
         (plans, returns)
     }
-
-    /// The decision to report for a leased check (see "Headers" in the module docs).
-    fn leased_decision(&self, lease: &Lease, now: Instant) -> Decision {
-        let age = now.saturating_duration_since(lease.topped_up);
-        let snapshot = lease.snapshot;
-        Decision {
-            allowed: true,
-            shadow: false,
-            limit: snapshot.limit,
-            remaining: snapshot
-                .remaining
-                .saturating_add(lease.tokens)
-                .min(snapshot.limit),
-            reset_after: snapshot.reset_after.saturating_sub(age),
-            refill_after: snapshot.refill_after.map(|d| d.saturating_sub(age)),
-            retry_after: Duration::ZERO,
-        }
-    }
-
-    /// The store's checks for `plans`: all but the local ones, with their costs.
-    fn store_checks(checks: &[Check], plans: &[Plan]) -> SmallVec<[Check; 4]> {
-        checks
-            .iter()
-            .zip(plans)
-            .filter_map(|(check, plan)| {
-                let cost = match plan {
-                    Plan::Local => return None,
-                    Plan::Exact => check.cost,
-                    Plan::TopUp(n) => u32::try_from(*n).unwrap_or(u32::MAX),
-                    Plan::Borrow(b) => check
-                        .cost
-                        .saturating_sub(u32::try_from(*b).unwrap_or(u32::MAX)),
-                };
-                Some(Check {
-                    key: check.key.clone(),
-                    policy: check.policy.clone(),
-                    cost,
-                })
-            })
-            .collect()
-    }
 }
 
 #[async_trait]
@@ -443,16 +312,11 @@ impl Limiter for BatchedLimiter {
             // Off the request's path; a failed return lapses (module docs).
             tokio::spawn(async move { give_back_all(inner.as_ref(), returns).await });
         }
-        let mut pending = Pending {
-            limiter: self,
-            checks,
-            plans,
-            settled: false,
-        };
+        let mut pending = Pending::new(&self.state, &self.config, checks, plans);
         if pending.plans.iter().all(|p| *p == Plan::Local) {
             return Ok(pending.settle(None, now));
         }
-        let first = Self::store_checks(checks, &pending.plans);
+        let first = store_checks(checks, &pending.plans);
         let verdict = self.inner.check(&first).await?;
         if verdict.is_allowed() {
             return Ok(pending.settle(Some(verdict), now));
@@ -484,7 +348,7 @@ impl Limiter for BatchedLimiter {
         let refused: SmallVec<[(usize, u64); 4]> =
             refused.iter().map(|&(i, _, left)| (i, left)).collect();
         pending.shrink(&refused);
-        let second = Self::store_checks(checks, &pending.plans);
+        let second = store_checks(checks, &pending.plans);
         let verdict = self.inner.check(&second).await?;
         Ok(pending.settle(Some(verdict), now))
     }
@@ -523,222 +387,6 @@ impl Limiter for BatchedLimiter {
     }
 }
 
-// === impl Pending ===
-
-impl Pending<'_> {
-    /// When no refused top-up can be served by what its bucket has left plus its lease,
-    /// the request is refused as exact mode would refuse it: `verdict` (the answer to the
-    /// top-ups) with each refused top-up's wait shortened from its top-up size to what the
-    /// request itself lacks (`(n − lacking) × T` less). `refused`: (check index, store
-    /// answer index, tokens left). `None`: a second store call is worth it.
-    fn refusal(&self, refused: &[(usize, usize, u64)], verdict: &Verdict) -> Option<Verdict> {
-        let state = self.limiter.lock();
-        let mut decisions: SmallVec<[Decision; 4]> = verdict.decisions().iter().copied().collect();
-        for &(i, at, left) in refused {
-            let check = self.checks.get(i)?;
-            let Some(Plan::TopUp(n)) = self.plans.get(i) else {
-                return None;
-            };
-            let leased = state.leases.get(&check.key).map_or(0, |l| l.tokens);
-            let lacking = u64::from(check.cost).saturating_sub(leased);
-            if left >= lacking {
-                return None;
-            }
-            let d = decisions.get_mut(at)?;
-            let p = &check.policy;
-            let tick = u64::try_from(p.store_tick().as_nanos()).unwrap_or(1);
-            let shorter = n
-                .saturating_sub(lacking)
-                .saturating_mul(p.store_interval())
-                .saturating_mul(tick);
-            d.retry_after = d
-                .retry_after
-                .saturating_sub(Duration::from_nanos(shorter))
-                .max(Duration::from_nanos(1));
-        }
-        Some(Verdict::from_decisions(decisions))
-    }
-
-    /// Records whether the store's answer (as reported, lease included) left less than a
-    /// lease in `check`'s bucket (see [`Lease::low`]).
-    fn observe(&self, state: &mut State, check: &Check, decision: &Decision) {
-        let Some(size) = self.limiter.config.lease_size(&check.policy) else {
-            return;
-        };
-        if let Some(lease) = state.leases.get_mut(&check.key) {
-            if same_policy(&lease.policy, &check.policy) {
-                let in_bucket = decision.remaining.saturating_sub(lease.tokens);
-                lease.low = in_bucket < size;
-            }
-        }
-    }
-
-    /// Before the second store call: each refused top-up (`refused`: its index and the
-    /// tokens the bucket has left) becomes a partial lease of what the bucket has, or, when
-    /// that is less than the request's cost, borrows the rest (up to `cost − 1`) from the
-    /// lease.
-    fn shrink(&mut self, refused: &[(usize, u64)]) {
-        let mut state = self.limiter.lock();
-        for &(i, available) in refused {
-            let (Some(check), Some(plan)) = (self.checks.get(i), self.plans.get_mut(i)) else {
-                continue;
-            };
-            let cost = u64::from(check.cost);
-            let Plan::TopUp(n) = *plan else { continue };
-            if available >= cost {
-                *plan = Plan::TopUp(n.min(available));
-            } else if let Some(lease) = state.leases.get_mut(&check.key) {
-                let take = lease.tokens.min(cost.saturating_sub(1));
-                lease.tokens -= take;
-                // No longer a top-up: the next request may try one.
-                lease.refilling = false;
-                *plan = Plan::Borrow(take);
-            }
-        }
-    }
-
-    /// Applies the store's answer (`None`: decided from leases alone) and builds the
-    /// verdict.
-    fn settle(&mut self, store: Option<Verdict>, now: Instant) -> Verdict {
-        self.settled = true;
-        let admitted = !matches!(&store, Some(v) if !v.is_allowed());
-        let mut from_store = store
-            .as_ref()
-            .map(|v| v.decisions().iter().copied())
-            .into_iter()
-            .flatten();
-        let mut state = self.limiter.lock();
-        let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
-        for (check, plan) in self.checks.iter().zip(&self.plans) {
-            let cost = u64::from(check.cost);
-            let lease = state.leases.get_mut(&check.key);
-            let decision = match (plan, lease) {
-                (Plan::Local, Some(lease)) => {
-                    if !admitted {
-                        lease.tokens = lease.tokens.saturating_add(cost);
-                    }
-                    self.limiter.leased_decision(lease, now)
-                }
-                (Plan::TopUp(n), Some(lease)) => {
-                    lease.refilling = false;
-                    let d = from_store.next().unwrap_or_else(|| full(&check.policy));
-                    if admitted {
-                        // The lease now holds what it had plus the top-up, minus this
-                        // request's cost (n ≥ 1; cost ≤ size, so it stays ≤ size).
-                        lease.tokens = lease.tokens.saturating_add(*n).saturating_sub(cost);
-                        lease.topped_up = now;
-                        lease.used = now;
-                        lease.snapshot = d;
-                        self.limiter.leased_decision(lease, now)
-                    } else {
-                        // The store's answer, with what is left of this replica's lease.
-                        with_tokens(d, lease.tokens)
-                    }
-                }
-                (Plan::Borrow(borrowed), Some(lease)) => {
-                    if !admitted {
-                        lease.tokens = lease.tokens.saturating_add(*borrowed);
-                    }
-                    with_tokens(
-                        from_store.next().unwrap_or_else(|| full(&check.policy)),
-                        lease.tokens,
-                    )
-                }
-                (Plan::TopUp(_) | Plan::Borrow(_) | Plan::Exact, None) | (Plan::Exact, Some(_)) => {
-                    from_store.next().unwrap_or_else(|| full(&check.policy))
-                }
-                // A lease reserved from cannot vanish meanwhile (only `plan` and `release`
-                // remove leases, and a released one lapses): report the bucket as full.
-                (Plan::Local, None) => full(&check.policy),
-            };
-            if *plan != Plan::Local {
-                self.observe(&mut state, check, &decision);
-            }
-            decisions.push(decision);
-        }
-        Verdict::from_decisions(decisions)
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if self.settled {
-            return;
-        }
-        let mut state = self.limiter.lock();
-        for (check, plan) in self.checks.iter().zip(&self.plans) {
-            if let Some(lease) = state.leases.get_mut(&check.key) {
-                match plan {
-                    Plan::Local => {
-                        lease.tokens = lease.tokens.saturating_add(u64::from(check.cost))
-                    }
-                    Plan::TopUp(_) => lease.refilling = false,
-                    Plan::Borrow(borrowed) => {
-                        lease.tokens = lease.tokens.saturating_add(*borrowed);
-                    }
-                    Plan::Exact => {}
-                }
-            }
-        }
-    }
-}
-
-/// A store decision (peek, give-back) with this replica's unspent lease counted as
-/// available: what exact mode would report if this were the only replica.
-fn with_lease(state: &State, check: &Check, mut d: Decision) -> Decision {
-    let Some(lease) = state.leases.get(&check.key) else {
-        return d;
-    };
-    if lease.tokens == 0 || !same_policy(&lease.policy, &check.policy) {
-        return d;
-    }
-    d = with_tokens(d, lease.tokens);
-    if !d.allowed && d.remaining >= u64::from(check.cost) {
-        d.allowed = true;
-        d.retry_after = Duration::ZERO;
-    }
-    d
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // Every update leaves the table consistent between statements; a panic elsewhere cannot
-    // leave it half-written.
-    state.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `d` with `tokens` more remaining (capped at the limit).
-fn with_tokens(d: Decision, tokens: u64) -> Decision {
-    Decision {
-        remaining: d.remaining.saturating_add(tokens).min(d.limit),
-        ..d
-    }
-}
-
-fn same_policy(a: &Arc<Policy>, b: &Arc<Policy>) -> bool {
-    Arc::ptr_eq(a, b) || a == b
-}
-
-fn lease_check(key: LimitKey, policy: Arc<Policy>) -> Check {
-    Check {
-        key,
-        policy,
-        cost: 1,
-    }
-}
-
-/// A full bucket's decision: what a lease reports before its first top-up answered.
-fn full(policy: &Policy) -> Decision {
-    Decision {
-        allowed: true,
-        shadow: policy.is_shadow(),
-        limit: policy.burst(),
-        remaining: policy.burst(),
-        reset_after: Duration::ZERO,
-        refill_after: None,
-        retry_after: Duration::ZERO,
-    }
-}
-
 async fn give_back_all(inner: &dyn Limiter, returns: Vec<(Check, u64)>) {
     for (check, amount) in returns {
         if let Err(err) = inner.give_back(&check, amount).await {
@@ -747,5 +395,7 @@ async fn give_back_all(inner: &dyn Limiter, returns: Vec<(Check, u64)>) {
     }
 }
 
+mod lease;
+mod pending;
 #[cfg(test)]
 mod tests;
