@@ -10,6 +10,7 @@
 
 pub(crate) mod concurrency;
 pub mod context;
+pub(crate) mod held;
 pub mod idempotency;
 pub(crate) mod in_flight;
 pub mod jwt;
