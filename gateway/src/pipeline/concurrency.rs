@@ -37,7 +37,8 @@ use portcullis_ratelimit::headers::{policy_field, ratelimit_field, RATELIMIT, RA
 
 use crate::config::RouteSettings;
 use crate::pipeline::context::RequestContext;
-use crate::pipeline::in_flight::{hold_until_body_ends, CountPermit, KeyedCounts, KeyedPermit};
+use crate::pipeline::held::{hold_until_body_ends, Held};
+use crate::pipeline::in_flight::{CountPermit, KeyedCounts, KeyedPermit};
 use crate::pipeline::shed::SHED_RETRY_AFTER;
 use crate::pipeline::step::{Finish, Step};
 use crate::pipeline::tenant::{self, Caller};
@@ -151,6 +152,9 @@ pub(crate) struct Permits {
     tenant: Option<CountPermit>,
     route: Option<KeyedPermit>,
 }
+
+/// Given back when dropped (each permit's own `Drop`).
+impl Held for Permits {}
 
 impl Finish for Permits {
     fn finish(self, response: Response<Body>) -> Response<Body> {

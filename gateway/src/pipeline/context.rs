@@ -20,10 +20,10 @@ use portcullis_problem::Problem;
 use portcullis_retry::RetryTarget;
 
 use crate::pipeline::jwt::JwtAuth;
-use crate::pipeline::metrics::RouteMetrics;
 use crate::pipeline::router::{Lookup, Route, RouteRequest, RouteTable};
-use crate::pipeline::step::{Finish, Step};
+use crate::pipeline::step::Step;
 use crate::pipeline::tenant::{self, Caller};
+use crate::telemetry::{Exchange, Resolution};
 use crate::upstream::forwarded::{Client, PeerAddr, TrustedProxies};
 
 /// The resolved request; in request extensions (as an `Arc`) from [`Resolve`] on.
@@ -86,8 +86,9 @@ fn method_not_allowed(on: &RouteRequest<'_>, allowed: Vec<http::Method>) -> Resp
 }
 
 /// Matches the route (else 405 or 404), resolves the client address and the caller (a bad key is
-/// 401), and inserts the [`RequestContext`] (a [`Step`]). The route's metrics ride back on
-/// every response from here on, refusals included, for the observe layer outside.
+/// 401), and inserts the [`RequestContext`] (a [`Step`]). The route's metrics and the
+/// context are left in the request's [`Exchange`] for the observe layer outside, refusals
+/// from here on included.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolve {
     routes: RouteTable,
@@ -118,22 +119,10 @@ impl Resolve {
     }
 }
 
-/// Hands the route's metrics and the request context back on the response (for the
-/// observe step outside: metrics, span attributes, the access log).
-pub(crate) struct Resolved(RouteMetrics, Arc<RequestContext>);
-
-impl Finish for Resolved {
-    fn finish(self, response: Response<Body>) -> Response<Body> {
-        let mut response = self.0.finish(response);
-        response.extensions_mut().insert(self.1);
-        response
-    }
-}
-
 impl Step for Resolve {
-    type Finish = Resolved;
+    type Finish = ();
 
-    fn step(&self, request: &mut Request<Body>) -> Result<Resolved, Response<Body>> {
+    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
         let on = RouteRequest::of(request);
         let route = match self.routes.find(&on) {
             Lookup::Route(route) => route.clone(),
@@ -142,7 +131,9 @@ impl Step for Resolve {
             }
             Lookup::NotFound => return Err(Problem::no_route(on.path).into_response()),
         };
-        let metrics = route.metrics.clone();
+        // The observe step outside reads the route's metrics and the context from the
+        // request's exchange (refusals from here on included).
+        let exchange = request.extensions().get::<Arc<Exchange>>().cloned();
         let peer = request
             .extensions()
             .get::<PeerAddr>()
@@ -154,15 +145,29 @@ impl Step for Resolve {
             request.headers_mut(),
         ) {
             Ok(caller) => caller,
-            Err(refusal) => return Err(metrics.finish(refusal)),
+            Err(refusal) => {
+                if let Some(exchange) = exchange {
+                    exchange.resolved(Resolution {
+                        metrics: route.metrics.clone(),
+                        context: None,
+                    });
+                }
+                return Err(refusal);
+            }
         };
         let context = Arc::new(RequestContext {
             route,
             caller,
             client,
         });
-        request.extensions_mut().insert(context.clone());
-        Ok(Resolved(metrics, context))
+        if let Some(exchange) = exchange {
+            exchange.resolved(Resolution {
+                metrics: context.route.metrics.clone(),
+                context: Some(context.clone()),
+            });
+        }
+        request.extensions_mut().insert(context);
+        Ok(())
     }
 }
 

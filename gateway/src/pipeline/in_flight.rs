@@ -1,6 +1,7 @@
 //! In-flight counting for the gateway's concurrency limits: a counter with an RAII permit
-//! (the global load shedder, a tenant's `max_in_flight`), a bounded per-caller table (a
-//! route's `max_in_flight`), and the response body that holds permits until its last byte.
+//! (the global load shedder, a tenant's `max_in_flight`) and a bounded per-caller table (a
+//! route's `max_in_flight`); the response body holds permits until its last byte
+//! (`pipeline::held`).
 //!
 //! A permit is released exactly once, by `Drop`: when the response body ends or is dropped,
 //! or, for a request that never produced a response (client gone, future dropped), with the
@@ -8,15 +9,8 @@
 //! short critical section on one shard (table), and a full limit is a refusal at once.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
-
-use axum::body::Body;
-use bytes::Bytes;
-use http::Response;
-use http_body::{Frame, SizeHint};
 
 /// One admitted request on an in-flight counter; decrements it when dropped.
 #[derive(Debug)]
@@ -131,46 +125,6 @@ impl Drop for KeyedPermit {
     }
 }
 
-/// Moves `permit` into the response body, so it is released when the body ends or is
-/// dropped: a slow download still counts as in flight until its last byte.
-pub(crate) fn hold_until_body_ends<P>(response: Response<Body>, permit: P) -> Response<Body>
-where
-    P: Send + Unpin + 'static,
-{
-    response.map(|body| {
-        Body::new(HeldBody {
-            inner: body,
-            _permit: permit,
-        })
-    })
-}
-
-/// A body that keeps a permit until it is dropped.
-struct HeldBody<P> {
-    inner: Body,
-    _permit: P,
-}
-
-impl<P: Send + Unpin> http_body::Body for HeldBody<P> {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,26 +186,5 @@ mod tests {
             thread.join().unwrap();
         }
         assert_eq!((count.load(Ordering::Relaxed), table.len()), (0, 0));
-    }
-
-    #[tokio::test]
-    async fn the_body_holds_the_permit_until_it_ends_or_is_dropped() {
-        use http_body_util::BodyExt;
-        let count = Arc::new(AtomicU64::new(0));
-        let permit = CountPermit::try_acquire(&count, 1).unwrap();
-        let response = hold_until_body_ends(Response::new(Body::from("hello")), permit);
-        assert_eq!(
-            count.load(Ordering::Relaxed),
-            1,
-            "held while the body is unread"
-        );
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, "hello");
-        assert_eq!(count.load(Ordering::Relaxed), 0, "released at the end");
-
-        let permit = CountPermit::try_acquire(&count, 1).unwrap();
-        let response = hold_until_body_ends(Response::new(Body::from("unread")), permit);
-        drop(response);
-        assert_eq!(count.load(Ordering::Relaxed), 0, "released when dropped");
     }
 }

@@ -14,7 +14,6 @@ use portcullis_idempotency::IdempotencyOutcome;
 use portcullis_ratelimit::RateLimitOutcome;
 
 use crate::edge::request_id::X_REQUEST_ID;
-use crate::pipeline::context::RequestContext;
 use crate::pipeline::step::{Finish, Step};
 use crate::pipeline::tenant::Caller;
 use crate::telemetry::{AccessLine, Counted, Exchange, Telemetry};
@@ -118,14 +117,15 @@ impl Finish for Observed {
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
         let extensions = response.extensions();
-        // The router hands the matched route's metrics and the request context back on the
-        // response; the rate-limit and idempotency layers their decisions.
-        let metrics = match extensions.get::<RouteMetrics>() {
-            Some(route) => route,
+        // The route resolution left the matched route's metrics and the request context in
+        // the exchange; the rate-limit and idempotency layers their decisions on the response.
+        let resolution = exchange.resolution();
+        let metrics = match resolution {
+            Some(resolution) => &resolution.metrics,
             None => unmatched(),
         };
         metrics.record(status, elapsed);
-        let context = RequestContext::of(extensions);
+        let context = resolution.and_then(|r| r.context.as_deref());
         let tenant = context.and_then(|c| match &c.caller {
             Caller::Tenant(tenant) => Some(&tenant.id),
             _ => None,

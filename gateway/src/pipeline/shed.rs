@@ -24,7 +24,8 @@ use http::{Request, Response};
 
 use crate::config::Priority;
 use crate::pipeline::context::RequestContext;
-use crate::pipeline::in_flight::{hold_until_body_ends, CountPermit};
+use crate::pipeline::held::{hold_until_body_ends, Held};
+use crate::pipeline::in_flight::CountPermit;
 use crate::pipeline::step::{Finish, Step};
 use portcullis_problem::Problem;
 
@@ -96,17 +97,22 @@ impl Step for LoadShed {
             metrics::counter!("load_shed_total").increment(1);
             return Err(Problem::overloaded(SHED_RETRY_AFTER).into_response());
         };
-        Ok(InFlight(permit))
+        Ok(InFlight { _permit: permit })
     }
 }
 
 /// The permit of a request let through; handed on to its response body.
 #[derive(Debug)]
-pub(crate) struct InFlight(CountPermit);
+pub(crate) struct InFlight {
+    _permit: CountPermit,
+}
+
+/// Given back when dropped (the permit's own `Drop`).
+impl Held for InFlight {}
 
 impl Finish for InFlight {
     fn finish(self, response: Response<Body>) -> Response<Body> {
-        hold_until_body_ends(response, self.0)
+        hold_until_body_ends(response, self)
     }
 }
 

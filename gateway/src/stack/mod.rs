@@ -18,6 +18,7 @@ use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
 use crate::pipeline::concurrency::Concurrency;
 use crate::pipeline::context::{RequestContext, Resolve};
+use crate::pipeline::held::HoldBoth;
 use crate::pipeline::jwt::{JwtAuth, JwtKeysLayer};
 use crate::pipeline::metrics::Observe;
 use crate::pipeline::rescue::RescueLayer;
@@ -98,15 +99,17 @@ where
             )
             .with_jwt(jwt),
         )) // bearer JWT → tenant (bad token → 401); most specific route by host, path, headers, method (else 405/404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
-        .layer(StepLayer::new(LoadShed::new(
-            config.server.max_in_flight,
-            config.server.critical_reserve,
-            config
-                .routes
-                .iter()
-                .any(|r| r.priority == Priority::Critical),
-        ))) // over the cap → 503 at once; normal routes already at the cap less the critical reserve
-        .layer(StepLayer::new(Concurrency::new(&config.routes))) // tenant / per-caller route max_in_flight → 429 concurrency-limited at once, before any rate-limit token is spent
+        .layer(StepLayer::new(HoldBoth(
+            LoadShed::new(
+                config.server.max_in_flight,
+                config.server.critical_reserve,
+                config
+                    .routes
+                    .iter()
+                    .any(|r| r.priority == Priority::Critical),
+            ), // over the cap → 503 at once; normal routes already at the cap less the critical reserve
+            Concurrency::new(&config.routes), // tenant / per-caller route max_in_flight → 429 concurrency-limited at once, before any rate-limit token is spent
+        ))) // both permits held by one response body wrapper until its last byte
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),

@@ -23,6 +23,7 @@ use http_body::{Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::Exchange;
+use crate::pipeline::held::{hold_until_body_ends, Held};
 
 /// The access log's `tracing` target.
 pub(crate) const ACCESS_TARGET: &str = "portcullis::access";
@@ -90,14 +91,7 @@ impl AccessLine {
 
     /// Wraps the response body so that the line is written when the body ends.
     pub(crate) fn attach(self, response: Response<Body>) -> Response<Body> {
-        let (parts, body) = response.into_parts();
-        Response::from_parts(
-            parts,
-            Body::new(Logged {
-                inner: body,
-                line: self,
-            }),
-        )
+        hold_until_body_ends(response, self)
     }
 
     fn emit(&self) {
@@ -154,44 +148,17 @@ impl fmt::Display for TraceId {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The response body, counted; the line is written when this is dropped (after the last
-    /// frame, or when the client goes away mid-body).
-    struct Logged {
-        #[pin]
-        inner: Body,
-        line: AccessLine,
-    }
-
-    impl PinnedDrop for Logged {
-        fn drop(this: Pin<&mut Self>) {
-            this.project().line.emit();
-        }
+/// Kept by the response body, which counts its bytes; the line is written when the body is
+/// dropped (after the last frame, or when the client goes away mid-body).
+impl Held for AccessLine {
+    fn sent(&mut self, len: usize) {
+        self.bytes_out += len as u64;
     }
 }
 
-impl http_body::Body for Logged {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = self.project();
-        let frame = std::task::ready!(this.inner.poll_frame(cx));
-        if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
-            this.line.bytes_out += data.map_or(0, |d| d.len() as u64);
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+impl Drop for AccessLine {
+    fn drop(&mut self) {
+        self.emit();
     }
 }
 

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -16,6 +16,9 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use rand::Rng;
+
+use crate::pipeline::context::RequestContext;
+use crate::pipeline::metrics::RouteMetrics;
 
 use super::traceparent::{acceptable_tracestate, TraceParent, TRACEPARENT, TRACESTATE};
 use super::Telemetry;
@@ -36,6 +39,19 @@ pub(crate) struct Exchange {
     upstream_nanos: AtomicU64,
     bytes_in: AtomicU64,
     endpoint: Mutex<Option<Authority>>,
+    /// The matched route's metrics and, once the caller is known, the request context: set
+    /// by the route resolution, read by the observe step when the response is ready. Here
+    /// rather than in response extensions, which cost an allocation each per request.
+    resolution: OnceLock<Resolution>,
+}
+
+/// What the route resolution found, for the observe step.
+#[derive(Debug)]
+pub(crate) struct Resolution {
+    /// The matched route's metrics.
+    pub metrics: RouteMetrics,
+    /// The request context; `None` when the caller was refused (bad key or token).
+    pub context: Option<Arc<RequestContext>>,
 }
 
 impl Exchange {
@@ -106,6 +122,7 @@ impl Exchange {
             upstream_nanos: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             endpoint: Mutex::new(None),
+            resolution: OnceLock::new(),
         }
     }
 
@@ -142,6 +159,18 @@ impl Exchange {
     /// Counts request body bytes.
     pub(crate) fn add_bytes_in(&self, bytes: u64) {
         self.bytes_in.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Records what the route resolution found; only the first call counts (a request is
+    /// resolved once).
+    pub(crate) fn resolved(&self, resolution: Resolution) {
+        let _ = self.resolution.set(resolution);
+    }
+
+    /// What the route resolution found; `None` for a request that matched no route or
+    /// was answered before routing.
+    pub(crate) fn resolution(&self) -> Option<&Resolution> {
+        self.resolution.get()
     }
 
     /// The endpoint of the latest attempt.

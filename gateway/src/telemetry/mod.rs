@@ -41,7 +41,7 @@ use crate::upstream::forwarded::TrustedProxies;
 
 pub(crate) use access::{AccessLine, Counted, ACCESS_TARGET};
 pub(crate) use attempt::Attempt;
-pub(crate) use exchange::Exchange;
+pub(crate) use exchange::{Exchange, Resolution};
 
 /// Everything the request path needs for telemetry, built once per stack.
 #[derive(Debug)]

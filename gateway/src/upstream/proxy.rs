@@ -29,6 +29,7 @@ use crate::config::{
 use crate::edge::hop_by_hop;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
+use crate::pipeline::held::{HeldBody, UntilEnd};
 use crate::telemetry::Attempt;
 use crate::upstream::balance::discovery::{self, Sources};
 use crate::upstream::balance::{
@@ -290,41 +291,6 @@ fn outcome_of_status(status: http::StatusCode) -> Outcome {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The upstream's response body, holding the endpoint's in-flight count until it ends
-    /// or is dropped: least_request and peak_ewma see streaming responses as load.
-    struct CountedBody<B> {
-        #[pin]
-        inner: B,
-        in_flight: Option<InFlight>,
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for CountedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(None) = polled {
-            this.in_flight.take();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// The proxy service: forwards a routed request to its upstream.
 #[derive(Debug, Clone)]
 pub struct Proxy {
@@ -377,7 +343,7 @@ impl Service<Request<Body>> for Proxy {
         if let Some(picked) = request.extensions().get::<PickedEndpoint>() {
             picked.record(id); // a hedged attempt: its copy will avoid this endpoint
         }
-        let in_flight = endpoint.state.start();
+        let in_flight: InFlight = endpoint.state.start();
         // Latency is only needed by peak_ewma; round robin reads no clock.
         let started =
             (upstream.load_balancer == LoadBalancer::PeakEwma).then(|| upstream.clock.now());
@@ -421,10 +387,9 @@ impl Service<Request<Body>> for Proxy {
             // outer layers add to this response.
             hop_by_hop::strip_upstream_response(&mut parts.headers);
             parts.extensions.insert(ServedBy(id));
-            let body = CountedBody {
-                inner: body,
-                in_flight: Some(in_flight),
-            };
+            // The endpoint's in-flight count lasts until the body ends: least_request and
+            // peak_ewma see streaming responses as load.
+            let body = HeldBody::new(body, UntilEnd::new(in_flight));
             Ok(Response::from_parts(parts, Body::new(body)))
         }
         .boxed()

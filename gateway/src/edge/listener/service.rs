@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response};
-use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use super::activity::{Activity, InFlight};
 use super::{ClientTls, HttpService};
+use crate::pipeline::held::{HeldBody, UntilEnd};
 use crate::upstream::forwarded::PeerAddr;
 
 /// hyper's service for one connection.
@@ -51,7 +51,7 @@ impl ConnectionService {
 impl hyper::service::Service<Request<Incoming>> for ConnectionService {
     type Response = Response<TrackedBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = Serving;
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         // Taken before the pipeline runs, so a request abandoned mid-way still ends.
@@ -60,52 +60,44 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         if self.tls {
             request.extensions_mut().insert(ClientTls);
         }
-        let response = self.pipeline.clone().oneshot(request.map(Body::new));
-        let keep_alive = self.keep_alive.clone();
-        Box::pin(async move {
-            let Ok(mut response) = response.await;
-            if let Some(value) = keep_alive {
-                // Tell clients when the gateway closes an idle connection, so they close
-                // (or stop reusing it) first and never race the close.
-                if !response.headers().contains_key(header::CONNECTION) {
-                    response.headers_mut().insert("keep-alive", value);
-                }
-            }
-            Ok(response.map(|body| TrackedBody {
-                inner: body,
-                in_flight: Some(in_flight),
-            }))
-        })
+        // A named future rather than a boxed `async` block: the pipeline's future is boxed
+        // already, a second box per request would only add an allocation and a move.
+        Serving {
+            response: self.pipeline.clone().oneshot(request.map(Body::new)),
+            keep_alive: self.keep_alive.clone(),
+            in_flight: Some(in_flight),
+        }
     }
 }
 
 /// A response body that ends its request's in-flight count once fully sent (or dropped).
-pub(crate) struct TrackedBody {
-    inner: Body,
-    in_flight: Option<InFlight>,
+pub(crate) type TrackedBody = HeldBody<Body, UntilEnd<InFlight>>;
+
+pin_project_lite::pin_project! {
+    /// One request through the pipeline, answered with `Keep-Alive` (HTTP/1) and a body
+    /// that holds the request's in-flight count.
+    pub(crate) struct Serving {
+        #[pin]
+        response: Oneshot<HttpService, Request<Body>>,
+        keep_alive: Option<HeaderValue>,
+        in_flight: Option<InFlight>,
+    }
 }
 
-impl http_body::Body for TrackedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
+impl Future for Serving {
+    type Output = Result<Response<TrackedBody>, Infallible>;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        let this = self.get_mut();
-        let frame = Pin::new(&mut this.inner).poll_frame(cx);
-        if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            this.in_flight = None;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut response) = std::task::ready!(this.response.poll(cx));
+        if let Some(value) = this.keep_alive.take() {
+            // Tell clients when the gateway closes an idle connection, so they close
+            // (or stop reusing it) first and never race the close.
+            if !response.headers().contains_key(header::CONNECTION) {
+                response.headers_mut().insert("keep-alive", value);
+            }
         }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let held = UntilEnd(this.in_flight.take());
+        Poll::Ready(Ok(response.map(|body| HeldBody::new(body, held))))
     }
 }

@@ -42,14 +42,12 @@ pub use rules::{HeaderRule, HeaderValueRule, HostRule};
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::{HeaderMap, Method, Response};
+use http::{HeaderMap, Method};
 
 use self::index::{Group, PathRank};
 use self::rules::{host_key, MAX_HOST_LEN};
 use crate::config::RouteSettings;
 use crate::pipeline::metrics::RouteMetrics;
-use crate::pipeline::step::Finish;
 use portcullis_retry::{Dependency, RetryTarget};
 
 /// A configured route.
@@ -323,14 +321,6 @@ impl RouteTable {
             method_miss(route);
         }
         None
-    }
-}
-
-/// For the observe layer outside: the route's metrics ride back on its response.
-impl Finish for RouteMetrics {
-    fn finish(self, mut response: Response<Body>) -> Response<Body> {
-        response.extensions_mut().insert(self);
-        response
     }
 }
 
