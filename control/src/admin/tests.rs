@@ -73,6 +73,7 @@ impl UpstreamsView for FakeUpstreams {
                 route: "/orders".into(),
                 latency: None,
             }],
+            retry_amplification: Some(1.25),
         }]
     }
 }
@@ -92,6 +93,7 @@ async fn app_with(upstreams: Arc<dyn UpstreamsView>) -> (Router, tempfile::TempD
             cost: 1,
         }]),
         upstreams,
+        throttled_board: None,
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }

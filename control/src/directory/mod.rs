@@ -217,6 +217,11 @@ impl Snapshot {
         self.by_id.get(id)
     }
 
+    /// Every tenant, in no particular order.
+    pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.by_id.values()
+    }
+
     /// Number of tenants.
     pub(crate) fn len(&self) -> usize {
         self.by_id.len()
