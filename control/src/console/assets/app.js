@@ -120,7 +120,7 @@ $("login").addEventListener("submit", async (event) => {
 $("logout").addEventListener("click", () => signOut());
 window.addEventListener("hashchange", show);
 
-const pages = { tenants: loadTenants, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
+const pages = { tenants: refreshTenants, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
 
 function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
 
@@ -157,14 +157,21 @@ async function loadTenants() {
   if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "7", class: "empty" })));
   $("tenant-prev").disabled = tenantPaging.index === 0;
   $("tenant-next").disabled = !tenantPaging.next;
+}
+
+/** After a change: the list, and the open tenant's form (its values as stored now). */
+async function refreshTenants() {
+  await loadTenants();
   if (selected) await openTenant(selected).catch(() => { selected = null; $("tenant-detail").hidden = true; });
 }
 
 let searchTimer = null;
-$("tenant-search").addEventListener("input", () => {
+function searchSoon() {
   clearTimeout(searchTimer);
   searchTimer = setTimeout(() => { tenantPaging.cursors = [null]; tenantPaging.index = 0; loadTenants().catch((e) => showErrors(document, e)); }, 250);
-});
+}
+// "change" too: clearing the field (its x button, or a script) may fire no "input".
+for (const type of ["input", "change", "search"]) $("tenant-search").addEventListener(type, searchSoon);
 $("tenant-next").addEventListener("click", () => {
   if (!tenantPaging.next) return;
   tenantPaging.cursors[++tenantPaging.index] = tenantPaging.next;
@@ -192,7 +199,7 @@ $("tenant-create").addEventListener("submit", async (event) => {
     form.querySelector('[data-field="id"]').value = "";
     form.querySelector('[data-field="name"]').value = "";
     selected = tenant.id;
-    await loadTenants();
+    await refreshTenants();
   } catch (err) { showErrors(form, err); }
 });
 
@@ -221,7 +228,7 @@ $("quota-form").addEventListener("submit", async (event) => {
   try {
     await api("PATCH", `/tenants/${enc(selected)}/quota`, formValues(form, { nullable: ["daily_quota", "monthly_quota", "max_in_flight"] }));
     flash(`Quota of ${selected} saved.`);
-    await loadTenants();
+    await refreshTenants();
   } catch (err) { showErrors(form, err); }
 });
 
@@ -251,7 +258,7 @@ $("tenant-toggle").addEventListener("click", async () => {
   try {
     await api("POST", `/tenants/${enc(selected)}/${action}`);
     flash(`Tenant ${selected} ${action}d.`);
-    await loadTenants();
+    await refreshTenants();
   } catch (err) { showErrors(document, err); }
 });
 
