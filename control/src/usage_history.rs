@@ -14,9 +14,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use portcullis_ratelimit::{Clock, SystemClock};
 use serde::Serialize;
 
 use crate::directory::{Directory, Snapshot, Tenant};
@@ -33,10 +34,9 @@ pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 /// Tenants published per replica: the fleet view shows the top ones only.
 pub const PUBLISH_TOP: usize = 100;
 
-/// Index of the bucket holding `time` (seconds since the epoch / bucket width).
-pub(crate) fn bucket_of(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / BUCKET.as_secs())
+/// Index of the bucket holding `since_epoch` (seconds since the epoch / bucket width).
+pub(crate) fn bucket_of(since_epoch: Duration) -> u64 {
+    since_epoch.as_secs() / BUCKET.as_secs()
 }
 
 /// One tenant's ring of counts.
@@ -145,6 +145,8 @@ pub struct UsageHistory {
     series: Mutex<HashMap<Arc<str>, Series>>,
     /// This replica's id on the board (random per process).
     replica: String,
+    /// Places the buckets (wall time, so replicas' buckets line up).
+    clock: Arc<dyn Clock>,
 }
 
 // === impl UsageHistory ===
@@ -156,7 +158,13 @@ impl UsageHistory {
             directory,
             series: Mutex::default(),
             replica: format!("{:016x}", rand::random::<u64>()),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The bucket holding now.
+    pub(crate) fn current_bucket(&self) -> u64 {
+        bucket_of(self.clock.unix_now())
     }
 
     /// This replica's id on the board.
@@ -242,10 +250,13 @@ impl UsageHistory {
             let Some(history) = this.upgrade() else {
                 return;
             };
-            let bucket = bucket_of(SystemTime::now());
+            let bucket = history.current_bucket();
             history.sample(&history.directory.snapshot(), bucket);
             tick = tick.wrapping_add(1);
-            let Some(board) = board.as_ref().filter(|_| tick % publish_every == 0) else {
+            let Some(board) = board
+                .as_ref()
+                .filter(|_| tick.is_multiple_of(publish_every))
+            else {
                 continue;
             };
             let counts: Vec<(String, u64)> = history
@@ -323,7 +334,11 @@ mod tests {
         // 60 buckets later the first two are gone.
         s.add(100 + POINTS as u64, 4);
         assert_eq!(s.buckets, VecDeque::from(vec![(101, 2), (160, 4)]));
-        assert_eq!(s.window(161, 6), 4, "bucket 101 left the window ending at 161");
+        assert_eq!(
+            s.window(161, 6),
+            4,
+            "bucket 101 left the window ending at 161"
+        );
         // A tenant re-created: its counter restarts below the sampled total.
         assert_eq!(s.pending(2), 2);
     }
@@ -339,7 +354,10 @@ mod tests {
     fn fleet_sums_other_replicas_and_replaces_its_own() {
         let published = vec![
             ("me".to_owned(), vec![("a".to_owned(), 100)]),
-            ("r2".to_owned(), vec![("a".to_owned(), 3), ("b".to_owned(), 4)]),
+            (
+                "r2".to_owned(),
+                vec![("a".to_owned(), 3), ("b".to_owned(), 4)],
+            ),
             ("r3".to_owned(), vec![("b".to_owned(), 4)]),
         ];
         let (replicas, top) = fleet_top("me", vec![throttled("a", 1)], published, 10);

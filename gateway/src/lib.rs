@@ -39,8 +39,8 @@ pub mod telemetry;
 pub use stack::bench::pipeline as bench_pipeline;
 #[doc(hidden)]
 pub use upstream::balance::bench::BenchSet as BenchBalance;
-pub mod tls;
 mod throttled_board;
+pub mod tls;
 pub(crate) mod upstream;
 
 use std::future::Future;
@@ -298,7 +298,8 @@ fn admin_router(
         StateBackend::RedisCluster(nodes) => RedisClient::cluster(nodes, &options).ok(),
     };
     let throttled_board = board_client.map(|client| {
-        Arc::new(throttled_board::RedisBoard::new(client)) as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
+        Arc::new(throttled_board::RedisBoard::new(client))
+            as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
     });
     ops.merge(admin::router(admin::AdminContext {
         db: db.clone(),

@@ -7,10 +7,11 @@
 //! replica publishes. Publishing runs in the admin API's background task, never on the
 //! request path.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use portcullis_control::usage_history::{BoardError, ThrottledBoard, PUBLISH_EVERY};
+use portcullis_ratelimit::{Clock, SystemClock};
 use portcullis_redis::{RedisClient, RedisConnection};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
@@ -53,10 +54,9 @@ impl RedisBoard {
     }
 }
 
+/// Wall time (replicas compare each other's publication times).
 fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemClock.unix_now().as_secs()
 }
 
 async fn bounded<T>(

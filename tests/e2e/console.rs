@@ -43,7 +43,8 @@ async fn raw_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
 
 #[tokio::test]
 async fn console_assets_carry_the_csp_and_are_not_on_the_proxy_port() {
-    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("upstream says hi")).await;
+    let upstream =
+        ScriptedUpstream::start_with_fallback(vec![], Step::ok("upstream says hi")).await;
     let gw = start(&upstream).await;
     for (path, kind) in [
         ("/console", "text/html"),
@@ -52,7 +53,10 @@ async fn console_assets_carry_the_csp_and_are_not_on_the_proxy_port() {
     ] {
         let (head, body) = raw_get(gw.admin_addr, path).await;
         assert!(head.starts_with("http/1.1 200"), "{path}: {head}");
-        assert!(head.contains(&format!("content-type: {kind}")), "{path}: {head}");
+        assert!(
+            head.contains(&format!("content-type: {kind}")),
+            "{path}: {head}"
+        );
         assert!(
             head.contains(&format!(
                 "content-security-policy: {}",
@@ -63,7 +67,10 @@ async fn console_assets_carry_the_csp_and_are_not_on_the_proxy_port() {
         assert!(head.contains("x-content-type-options: nosniff"), "{path}");
         assert!(head.contains("referrer-policy: no-referrer"), "{path}");
         assert!(head.contains("x-frame-options: deny"), "{path}");
-        assert!(!head.contains("set-cookie"), "{path}: the console sets no cookie");
+        assert!(
+            !head.contains("set-cookie"),
+            "{path}: the console sets no cookie"
+        );
         assert!(!body.is_empty());
     }
     // No inline script or style for the CSP to forbid: the page's one script is external.
@@ -189,7 +196,9 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
     browser.fill("#quota-form [data-field=rate]", "1").await;
     browser.fill("#quota-form [data-field=per]", "1m").await;
     browser.fill("#quota-form [data-field=burst]", "3").await;
-    browser.fill("#quota-form [data-field=daily_quota]", "1000").await;
+    browser
+        .fill("#quota-form [data-field=daily_quota]", "1000")
+        .await;
     browser.click("#quota-form button[type=submit]").await;
     browser
         .wait_until(
@@ -200,7 +209,12 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
         .await;
     let (_, quota) = admin_get(&gw, "/tenants/acme/quota").await;
     assert_eq!(
-        (&quota["rate"], &quota["per"], &quota["burst"], &quota["daily_quota"]),
+        (
+            &quota["rate"],
+            &quota["per"],
+            &quota["burst"],
+            &quota["daily_quota"]
+        ),
         (&json!(1), &json!("1m"), &json!(3), &json!(1000))
     );
 
@@ -262,7 +276,7 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|k| k["id"].to_string() == first_id.as_str().unwrap())
+        .find(|k| k["id"].as_u64().map(|id| id.to_string()).as_deref() == first_id.as_str())
         .unwrap()
         .clone();
     let revoked_key = keys
@@ -272,7 +286,10 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
         .clone();
     let live_key = keys.iter().find(|k| **k != revoked_key).unwrap().clone();
     browser
-        .click(&format!("#key-table button[data-revoke='{first_id}']", first_id = first_id.as_str().unwrap()))
+        .click(&format!(
+            "#key-table button[data-revoke='{first_id}']",
+            first_id = first_id.as_str().unwrap()
+        ))
         .await;
     browser
         .wait_until(
@@ -281,7 +298,11 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
             json!([first_id]),
         )
         .await;
-    assert_eq!(proxied(&gw, &revoked_key).await, 401, "the revoked key is refused");
+    assert_eq!(
+        proxied(&gw, &revoked_key).await,
+        401,
+        "the revoked key is refused"
+    );
 
     // Usage: watch the chart while the live key goes over its limit through the proxy.
     browser.goto(&format!("{console}#usage")).await;
@@ -407,8 +428,14 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
         .await;
     let urls = urls.as_str().unwrap();
     assert!(urls.contains("/admin/v1/tenants"), "{urls}");
-    assert!(!urls.contains(TOKEN), "the token appeared in a URL:\n{urls}");
-    assert!(!gw.logs().contains(TOKEN), "the token appeared in the gateway log");
+    assert!(
+        !urls.contains(TOKEN),
+        "the token appeared in a URL:\n{urls}"
+    );
+    assert!(
+        !gw.logs().contains(TOKEN),
+        "the token appeared in the gateway log"
+    );
     let cookies = browser.eval("return document.cookie;", json!([])).await;
     assert_eq!(cookies, json!(""), "the console sets no cookie");
 }

@@ -29,9 +29,6 @@ pub(super) async fn list(
     let cursor = fields.u64("cursor", 1, i64::MAX as u64, false);
     fields.finish().map_err(AdminError::Invalid)?;
     let cursor = cursor.and_then(|c| i64::try_from(c).ok());
-    let page = state
-        .store
-        .audit_log(&filter, limit, cursor)
-        .await?;
+    let page = state.store.audit_log(&filter, limit, cursor).await?;
     Ok(Json(page).into_response())
 }

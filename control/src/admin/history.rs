@@ -3,8 +3,6 @@
 //! fleet when a shared board is configured). Both read counts the rate limiter already keeps
 //! ([`crate::usage_history`]); neither touches the limiter's state store.
 
-use std::time::SystemTime;
-
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
@@ -16,7 +14,7 @@ use super::error::AdminError;
 use super::quotas::require_tenant;
 use super::validate::Fields;
 use super::AdminState;
-use crate::usage_history::{bucket_of, fleet_top, BUCKET, POINTS, PUBLISH_TOP};
+use crate::usage_history::{fleet_top, BUCKET, POINTS, PUBLISH_TOP};
 
 /// Default and largest `limit` of the top-throttled view.
 const DEFAULT_TOP: u64 = 10;
@@ -33,7 +31,9 @@ pub(super) async fn get(
     let Some(tenant) = snapshot.by_id(&id) else {
         return Err(AdminError::no_tenant(&id));
     };
-    let history = state.history.history(tenant, bucket_of(SystemTime::now()));
+    let history = state
+        .history
+        .history(tenant, state.history.current_bucket());
     Ok(Json(history).into_response())
 }
 
@@ -49,7 +49,7 @@ pub(super) async fn throttled(
         .unwrap_or(DEFAULT_TOP);
     fields.finish().map_err(AdminError::Invalid)?;
     let limit = usize::try_from(limit).unwrap_or(PUBLISH_TOP);
-    let bucket = bucket_of(SystemTime::now());
+    let bucket = state.history.current_bucket();
     let own = state
         .history
         .top(&state.directory.snapshot(), bucket, PUBLISH_TOP);
@@ -67,7 +67,8 @@ pub(super) async fn throttled(
             }
         },
     };
-    let mut body = json!({ "window_secs": window_secs, "scope": scope, "replicas": replicas, "items": items });
+    let mut body =
+        json!({ "window_secs": window_secs, "scope": scope, "replicas": replicas, "items": items });
     if let Some(error) = error {
         body["fleet_error"] = json!(error);
     }

@@ -71,8 +71,8 @@ use crate::db::Database;
 use crate::directory::Directory;
 use crate::quota::QuotaAdmin;
 use crate::quota_admin::LimiterQuotaAdmin;
-use portcullis_problem::{Problem, CONTENT_TYPE};
 use crate::usage_history::{ThrottledBoard, UsageHistory};
+use portcullis_problem::{Problem, CONTENT_TYPE};
 use store::AdminStore;
 
 /// Path prefix of every admin endpoint.

@@ -471,7 +471,10 @@ async fn history_and_top_throttled_show_the_tenants_429s() {
     assert_eq!(history["interval_secs"], 10);
     let points = history["points"].as_array().unwrap();
     assert_eq!(points.len(), 60);
-    assert_eq!(points[59]["rejected"], 3, "the current bucket holds the new 429s");
+    assert_eq!(
+        points[59]["rejected"], 3,
+        "the current bucket holds the new 429s"
+    );
     assert_eq!(
         points[59]["start"].as_u64().unwrap() - points[58]["start"].as_u64().unwrap(),
         10
@@ -520,16 +523,40 @@ async fn tenant_search_and_audit_filters_through_the_router() {
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
     assert_eq!(page["items"][0]["id"], "globex");
     let long = "x".repeat(201);
-    let (status, problem) = call(&app, Method::GET, &format!("/admin/v1/tenants?q={long}"), None).await;
+    let (status, problem) = call(
+        &app,
+        Method::GET,
+        &format!("/admin/v1/tenants?q={long}"),
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(problem["errors"][0]["field"], "q");
 
-    let (_, page) = call(&app, Method::GET, "/admin/v1/audit?action=tenant.disable", None).await;
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?action=tenant.disable",
+        None,
+    )
+    .await;
     let items = page["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
     assert_eq!(items[0]["tenant"], "acme");
-    let (_, page) = call(&app, Method::GET, "/admin/v1/audit?actor=admin-token&tenant=globex", None).await;
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?actor=admin-token&tenant=globex",
+        None,
+    )
+    .await;
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
-    let (_, page) = call(&app, Method::GET, "/admin/v1/audit?actor=someone-else", None).await;
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?actor=someone-else",
+        None,
+    )
+    .await;
     assert_eq!(page["items"], json!([]));
 }

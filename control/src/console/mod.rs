@@ -30,7 +30,10 @@ const APP_CSS: &str = include_str!("assets/app.css");
 /// The console's routes (GET and HEAD; axum answers HEAD from GET).
 pub fn router() -> Router {
     Router::new()
-        .route(PATH, get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
+        .route(
+            PATH,
+            get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }),
+        )
         .route(
             "/console/",
             get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }),
@@ -129,10 +132,20 @@ mod tests {
         assert_eq!(html.matches("<script").count(), 1);
         assert!(html.contains(r#"<script type="module" src="/console/app.js"></script>"#));
         for forbidden in [
-            "<style", "style=", "http://", "https://", "onclick=", "onload=", "onsubmit=",
-            "onerror=", "javascript:",
+            "<style",
+            "style=",
+            "http://",
+            "https://",
+            "onclick=",
+            "onload=",
+            "onsubmit=",
+            "onerror=",
+            "javascript:",
         ] {
-            assert!(!html.contains(forbidden), "index.html contains {forbidden:?}");
+            assert!(
+                !html.contains(forbidden),
+                "index.html contains {forbidden:?}"
+            );
         }
         // The SVG namespace is a name, not a fetch.
         let js = APP_JS.replace("\"http://www.w3.org/2000/svg\"", "");

@@ -120,7 +120,10 @@ impl Browser {
             .await
             .expect("webdriver JSON");
         if let Some(error) = response["value"].get("error") {
-            panic!("webdriver {path}: {error}: {}", response["value"]["message"]);
+            panic!(
+                "webdriver {path}: {error}: {}",
+                response["value"]["message"]
+            );
         }
         response["value"].clone()
     }
@@ -225,9 +228,7 @@ impl Browser {
 
     /// A PNG of the viewport, written to `path`.
     pub async fn screenshot(&self, path: &Path) {
-        let value = self
-            .call(reqwest::Method::GET, "/screenshot", None)
-            .await;
+        let value = self.call(reqwest::Method::GET, "/screenshot", None).await;
         let png = base64::engine::general_purpose::STANDARD
             .decode(value.as_str().expect("base64 screenshot"))
             .expect("screenshot decodes");

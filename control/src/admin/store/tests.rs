@@ -298,9 +298,14 @@ async fn keys_are_stored_hashed_listed_by_prefix_and_revocable(f: Fixture) {
         (stored.as_slice(), prefix.as_str()),
         (&hash[..], &issued.api_key[..10])
     );
-    let audit =
-        serde_json::to_string(&f.store.audit_log(&AuditFilter::default(), MAX_PAGE, None).await.unwrap().items)
-            .unwrap();
+    let audit = serde_json::to_string(
+        &f.store
+            .audit_log(&AuditFilter::default(), MAX_PAGE, None)
+            .await
+            .unwrap()
+            .items,
+    )
+    .unwrap();
     assert!(
         !audit.contains(&issued.api_key),
         "the audit log never holds the key"
@@ -456,7 +461,11 @@ async fn pagination_visits_every_tenant_once(f: Fixture) {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page = f.store.list_tenants(3, cursor.as_deref(), None).await.unwrap();
+        let page = f
+            .store
+            .list_tenants(3, cursor.as_deref(), None)
+            .await
+            .unwrap();
         assert!(page.items.len() <= 3);
         seen.extend(page.items.into_iter().map(|t| t.id));
         match page.next_cursor {
@@ -479,12 +488,20 @@ async fn audit_log_filters_by_tenant_and_pages_newest_first(f: Fixture) {
         .record("x", "period.reset", "a", None, Some(json!({"used": 0})))
         .await
         .unwrap();
-    let first = f.store.audit_log(&AuditFilter::of_tenant("a"), 2, None).await.unwrap();
+    let first = f
+        .store
+        .audit_log(&AuditFilter::of_tenant("a"), 2, None)
+        .await
+        .unwrap();
     assert_eq!(first.items.len(), 2);
     assert_eq!(first.items[0].action, "period.reset");
     assert_eq!(first.items[0].after, json!({"used": 0}));
     let cursor: i64 = first.next_cursor.as_deref().unwrap().parse().unwrap();
-    let rest = f.store.audit_log(&AuditFilter::of_tenant("a"), 2, Some(cursor)).await.unwrap();
+    let rest = f
+        .store
+        .audit_log(&AuditFilter::of_tenant("a"), 2, Some(cursor))
+        .await
+        .unwrap();
     assert_eq!(rest.items.len(), 1);
     assert_eq!(rest.items[0].action, "tenant.create");
     assert_eq!(rest.items[0].before, json!(null));
@@ -509,7 +526,11 @@ async fn search_matches_id_or_name_ignoring_case_and_wildcards(f: Fixture) {
     let search = |q: &'static str| f.store.list_tenants(10, None, Some(q));
     assert_eq!(ids(search("ACME").await.unwrap()), ["Acme-eu", "acme_us"]);
     // `_` and `%` are literal, not wildcards.
-    assert_eq!(ids(search("e_e").await.unwrap()), Vec::<String>::new(), "no wildcard for acme-eu");
+    assert_eq!(
+        ids(search("e_e").await.unwrap()),
+        Vec::<String>::new(),
+        "no wildcard for acme-eu"
+    );
     assert_eq!(ids(search("e_us").await.unwrap()), ["acme_us"]);
     assert_eq!(ids(search("%").await.unwrap()), Vec::<String>::new());
     // Names match too ("globex inc").
@@ -518,7 +539,11 @@ async fn search_matches_id_or_name_ignoring_case_and_wildcards(f: Fixture) {
     let first = f.store.list_tenants(1, None, Some("acme")).await.unwrap();
     let cursor = first.next_cursor.clone().unwrap();
     assert_eq!(ids(first), ["Acme-eu"]);
-    let rest = f.store.list_tenants(1, Some(&cursor), Some("acme")).await.unwrap();
+    let rest = f
+        .store
+        .list_tenants(1, Some(&cursor), Some("acme"))
+        .await
+        .unwrap();
     assert_eq!(ids(rest), ["acme_us"]);
 }
 
