@@ -13,6 +13,7 @@ mod webdriver;
 use std::path::PathBuf;
 
 use portcullis_testkit::gateway::{raw_request, GatewayOptions, GatewayProcess};
+use portcullis_testkit::redis::RedisServer;
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
@@ -22,12 +23,15 @@ use webdriver::Browser;
 const TOKEN: &str = "e2e-console-token-0123456789";
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
-async fn start(upstream: &ScriptedUpstream) -> GatewayProcess {
-    let options = GatewayOptions {
+fn with_token() -> GatewayOptions {
+    GatewayOptions {
         env: vec![("PORTCULLIS_ADMIN_TOKEN".to_owned(), TOKEN.to_owned())],
         ..GatewayOptions::default()
-    };
-    GatewayProcess::start_with(BIN, &single_route_config(&upstream.url(), ""), options).await
+    }
+}
+
+async fn start(upstream: &ScriptedUpstream) -> GatewayProcess {
+    GatewayProcess::start_with(BIN, &single_route_config(&upstream.url(), ""), with_token()).await
 }
 
 /// A raw `GET path` to `addr`; the response head (lowercased) and body.
@@ -438,4 +442,52 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
     );
     let cookies = browser.eval("return document.cookie;", json!([])).await;
     assert_eq!(cookies, json!(""), "the console sets no cookie");
+}
+
+#[tokio::test]
+async fn top_throttled_sums_the_replicas_sharing_redis() {
+    // A private Redis: other tests' replicas publish to the shared one.
+    let redis = RedisServer::start().await;
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
+    let config = format!(
+        "[storage]\nstate = \"{}\"\n\n[[tenants]]\nid = \"fleet\"\napi_keys = [\"fleet-key-0001\"]\nrate = 1\nper = \"60s\"\nburst = 2\n\n{}",
+        redis.url(),
+        single_route_config(&upstream.url(), "")
+    );
+    let a = GatewayProcess::start_with(BIN, &config, with_token()).await;
+    let b = GatewayProcess::start_with(BIN, &config, with_token()).await;
+    // One bucket in Redis for both: 2 admitted in all, then 429s on either replica.
+    let mut statuses = Vec::new();
+    for gw in [&a, &a, &a, &a, &a, &b, &b, &b, &b] {
+        statuses.push(proxied(gw, "fleet-key-0001").await);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(upstream.hit_count(), 2);
+
+    // Each replica publishes every 5 s; bounded wait for both to see the other's counts.
+    for (gw, own) in [(&a, 3), (&b, 4)] {
+        let (_, usage) = admin_get(gw, "/tenants/fleet/usage").await;
+        assert_eq!(
+            usage["rejected_total"], own,
+            "each replica counts its own 429s"
+        );
+        let mut last = Value::Null;
+        for _ in 0..100 {
+            let (status, top) = admin_get(gw, "/usage/throttled").await;
+            assert_eq!(status, 200);
+            last = top;
+            if last["items"] == json!([{ "tenant": "fleet", "rejected": 7 }]) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(last["scope"], "fleet", "{last}");
+        assert_eq!(last["replicas"], 2, "{last}");
+        assert_eq!(
+            last["items"],
+            json!([{ "tenant": "fleet", "rejected": 7 }]),
+            "the fleet's sum"
+        );
+    }
+    drop(redis);
 }
