@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
-#   1. installs redis-server, PostgreSQL, docker-compose and PyYAML with apt-get when missing;
+#   1. installs redis-server, PostgreSQL, docker-compose, PyYAML and Chromium with its
+#      chromedriver (the admin console's browser test) with apt-get when missing;
 #   2. starts one real Redis, a real 3-master Redis Cluster and one real PostgreSQL on free
 #      loopback ports, in a temp dir;
 #   3. exports PORTCULLIS_TEST_REDIS_URL, PORTCULLIS_TEST_REDIS_CLUSTER_URL and
@@ -20,6 +21,8 @@ command -v redis-server >/dev/null 2>&1 || need_install+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || need_install+=(docker-compose)
 python3 -c 'import yaml' >/dev/null 2>&1 || need_install+=(python3-yaml)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need_install+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_install+=(chromium-driver)
 if [ ${#need_install[@]} -gt 0 ]; then
   log "installing ${need_install[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

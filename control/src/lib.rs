@@ -8,6 +8,7 @@
 //!   its rate-limit policies built once per snapshot), swapped atomically on reload.
 //! - [`admin`]: the admin API (tenants, keys, quotas, usage, audit log, idempotency records).
 //! - [`cli`]: `portcullis admin …`, a client of that API (the only user of `reqwest`).
+//! - [`console`]: the browser console at `/console`, another client of that API.
 //!
 //! # How the gateway uses it
 //!
@@ -40,10 +41,12 @@
 
 pub mod admin;
 pub mod cli;
+pub mod console;
 pub mod db;
 mod directory;
 mod quota;
 mod quota_admin;
+pub mod usage_history;
 
 pub use db::{Database, DbError, TenantSeed};
 pub use directory::{

@@ -47,8 +47,8 @@ pub(crate) struct TenantUsage {
     pub buckets: Vec<BucketUsage>,
     /// Daily and monthly quotas, where configured.
     pub periods: Vec<PeriodUsage>,
-    /// Rate-limit rejections (429) of this tenant by this replica since it started; an
-    /// upstream's own 429 is not counted.
+    /// Rejections (429) of this tenant by this replica since it started, by the rate limiter
+    /// or the concurrency limiter (`max_in_flight`); an upstream's own 429 is not counted.
     pub rejected_total: u64,
 }
 

@@ -39,6 +39,7 @@ pub mod telemetry;
 pub use stack::bench::pipeline as bench_pipeline;
 #[doc(hidden)]
 pub use upstream::balance::bench::BenchSet as BenchBalance;
+mod throttled_board;
 pub mod tls;
 pub(crate) mod upstream;
 
@@ -289,6 +290,17 @@ fn admin_router(
         })
         .collect();
     tracing::info!(base = admin::BASE, "admin API enabled (bearer token)");
+    // With shared rate-limit state the replicas also share their throttled-tenant counts.
+    let options = ConnectOptions::default();
+    let board_client = match &config.storage.state {
+        StateBackend::Memory => None,
+        StateBackend::Redis(url) => RedisClient::single(url, &options).ok(),
+        StateBackend::RedisCluster(nodes) => RedisClient::cluster(nodes, &options).ok(),
+    };
+    let throttled_board = board_client.map(|client| {
+        Arc::new(throttled_board::RedisBoard::new(client))
+            as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
+    });
     ops.merge(admin::router(admin::AdminContext {
         db: db.clone(),
         directory,
@@ -297,7 +309,10 @@ fn admin_router(
         token: Arc::from(token.expose()),
         routes,
         upstreams,
+        throttled_board,
     }))
+    // The console is a client of the admin API, so it is served only where the API is.
+    .merge(portcullis_control::console::router())
 }
 
 /// The file's tenants as the control plane seeds them (keys borrowed, never copied).

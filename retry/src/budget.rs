@@ -156,7 +156,6 @@ impl RetryBudget {
     }
 
     /// Current state of the window.
-    #[cfg(test)]
     pub(crate) fn snapshot(&self) -> BudgetSnapshot {
         let mut ring = self.lock();
         snapshot(&self.config, &mut ring, Instant::now())

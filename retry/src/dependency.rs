@@ -167,6 +167,14 @@ impl Dependency {
     }
 
     /// The upstream's retry budget.
+    /// Attempts per original request over the retry budget's window (1.0 = no retries);
+    /// `None` before any request in the window. Read by the admin API, never per request.
+    pub fn retry_amplification(&self) -> Option<f64> {
+        let window = self.budget.snapshot();
+        (window.requests > 0)
+            .then(|| (window.requests + window.retries) as f64 / window.requests as f64)
+    }
+
     pub(crate) fn budget(&self) -> &RetryBudget {
         &self.budget
     }

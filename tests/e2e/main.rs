@@ -52,6 +52,8 @@ mod chaos_dedupe;
 mod cluster_script;
 // Admin API: tenants/keys/quotas CRUD, auth, audit log, revocation and quota changes reaching replicas within 1 s, CLI.
 mod admin_api;
+// Admin console: CSP and security headers on its assets, not on the proxy port, and headless Chromium driving it (login, tenant, quota, keys, 429 chart).
+mod console;
 // Daily/monthly quotas: enforced until UTC midnight, reset and top-up via the admin API.
 mod quota_periods;
 // Edge TLS and HTTP/2 from clients: h2 + HTTP/1.1 headers, certificate rotation, admin certificate, h2 limits, smuggling.

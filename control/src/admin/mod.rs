@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! POST   /admin/v1/tenants                              create (201; 409 duplicate id)
-//! GET    /admin/v1/tenants?limit=&cursor=               list, by id, paginated
+//! GET    /admin/v1/tenants?q=&limit=&cursor=            list, by id, paginated, searched
 //! GET    /admin/v1/tenants/{id}                         get
 //! PATCH  /admin/v1/tenants/{id}                         update (name, disabled, limits)
 //! DELETE /admin/v1/tenants/{id}                         delete with keys and overrides (204)
@@ -20,9 +20,11 @@
 //! POST   /admin/v1/tenants/{id}/periods/{day|month}/reset    reset the period's count
 //! POST   /admin/v1/tenants/{id}/periods/{day|month}/top-up   give back {amount} requests
 //! GET    /admin/v1/tenants/{id}/usage                   buckets, periods, 429 count
+//! GET    /admin/v1/tenants/{id}/usage/history           429s per 10 s, last 10 minutes
+//! GET    /admin/v1/usage/throttled?limit=               most 429s in 10 minutes (fleet)
 //! GET    /admin/v1/tenants/{id}/idempotency?route=&key= an Idempotency-Key record
 //! DELETE /admin/v1/tenants/{id}/idempotency?route=&key= delete it (unstick a client)
-//! GET    /admin/v1/audit?tenant=&limit=&cursor=         audit log, newest first
+//! GET    /admin/v1/audit?tenant=&action=&actor=&limit=&cursor=   audit log, newest first
 //! GET    /admin/v1/upstreams                            endpoints, health, ejections, breaker
 //! GET    /admin/v1/openapi.json                         OpenAPI 3.1 description
 //! ```
@@ -35,6 +37,7 @@
 mod audit;
 mod auth;
 mod error;
+mod history;
 mod idempotency;
 mod keys;
 mod openapi;
@@ -68,6 +71,7 @@ use crate::db::Database;
 use crate::directory::Directory;
 use crate::quota::QuotaAdmin;
 use crate::quota_admin::LimiterQuotaAdmin;
+use crate::usage_history::{ThrottledBoard, UsageHistory};
 use portcullis_problem::{Problem, CONTENT_TYPE};
 use store::AdminStore;
 
@@ -91,6 +95,9 @@ pub struct AdminContext {
     pub routes: Arc<[ConfiguredRoute]>,
     /// The data plane's upstreams and their endpoints' health.
     pub upstreams: Arc<dyn UpstreamsView>,
+    /// Where replicas share their throttled-tenant counts (Redis state); `None` = this
+    /// replica's counts only.
+    pub throttled_board: Option<Arc<dyn ThrottledBoard>>,
 }
 
 /// Shared state of the handlers.
@@ -103,6 +110,8 @@ pub(crate) struct AdminState {
     idempotency: Arc<dyn portcullis_idempotency::Store>,
     token: auth::TokenDigest,
     upstreams: Arc<dyn UpstreamsView>,
+    history: Arc<UsageHistory>,
+    board: Option<Arc<dyn ThrottledBoard>>,
 }
 
 /// Who made a change, for the audit log (set by [`auth`]).
@@ -120,6 +129,15 @@ pub fn router(ctx: AdminContext) -> Router {
 
 /// [`router`] with the rate-limit operations given (tests pass a fake).
 pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -> Router {
+    let history = Arc::new(UsageHistory::new(ctx.directory.clone()));
+    // The sampler holds the history weakly: it ends when the last router clone is dropped.
+    // Without a runtime (a router built in a plain test) reads still count what is pending.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(UsageHistory::run(
+            Arc::downgrade(&history),
+            ctx.throttled_board.clone(),
+        ));
+    }
     let state = AdminState {
         store: AdminStore::new(ctx.db.clone(), ctx.routes),
         db: ctx.db,
@@ -128,6 +146,8 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
         idempotency: ctx.idempotency,
         token: auth::TokenDigest::new(&ctx.token),
         upstreams: ctx.upstreams,
+        history,
+        board: ctx.throttled_board,
     };
     let api = Router::new()
         .route("/tenants", get(tenants::list).post(tenants::create))
@@ -157,6 +177,8 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
             post(quotas::top_up),
         )
         .route("/tenants/{id}/usage", get(usage::get))
+        .route("/tenants/{id}/usage/history", get(history::get))
+        .route("/usage/throttled", get(history::throttled))
         .route(
             "/tenants/{id}/idempotency",
             get(idempotency::get).delete(idempotency::delete),

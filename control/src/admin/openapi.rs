@@ -68,7 +68,7 @@ fn no_content(description: &str) -> Value {
 fn paths() -> Value {
     json!({
         "/admin/v1/tenants": {
-            "get": op("List tenants by id", &["Limit", "Cursor"], None, json!({ "200": ok("A page of tenants", "TenantPage") })),
+            "get": op("List tenants by id, optionally searched", &["Search", "Limit", "Cursor"], None, json!({ "200": ok("A page of tenants", "TenantPage") })),
             "post": op("Create a tenant", &[], Some("TenantCreate"), json!({ "201": ok("Created", "Tenant"), "409": problem("A tenant with this id exists") })),
         },
         "/admin/v1/tenants/{id}": {
@@ -107,12 +107,18 @@ fn paths() -> Value {
         "/admin/v1/tenants/{id}/usage": {
             "get": op("Current buckets, period usage and 429 count, read without consuming", &["TenantId"], None, json!({ "200": ok("Usage", "Usage") })),
         },
+        "/admin/v1/tenants/{id}/usage/history": {
+            "get": op("The tenant's 429s per 10 s over the last 10 minutes, as the answering replica counted them (the last point is the current bucket)", &["TenantId"], None, json!({ "200": ok("History", "UsageHistory") })),
+        },
+        "/admin/v1/usage/throttled": {
+            "get": op("Tenants with the most 429s in the last 10 minutes: every replica's sum with Redis state, else the answering replica's", &["TopLimit"], None, json!({ "200": ok("Top throttled tenants", "ThrottledList") })),
+        },
         "/admin/v1/tenants/{id}/idempotency": {
             "get": op("Look up an Idempotency-Key record", &["TenantId", "Route", "IdempotencyKey"], None, json!({ "200": ok("The record", "IdempotencyRecord") })),
             "delete": op("Delete an Idempotency-Key record so the key may be used again", &["TenantId", "Route", "IdempotencyKey"], None, no_content("Deleted")),
         },
         "/admin/v1/audit": {
-            "get": op("The audit log, newest first", &["TenantFilter", "Limit", "AuditCursor"], None, json!({ "200": ok("A page of entries", "AuditPage") })),
+            "get": op("The audit log, newest first", &["TenantFilter", "ActionFilter", "ActorFilter", "Limit", "AuditCursor"], None, json!({ "200": ok("A page of entries", "AuditPage") })),
         },
         "/admin/v1/upstreams": {
             "get": op("Every upstream's endpoints and their health as the answering replica sees them", &[], None, json!({ "200": ok("Upstreams", "UpstreamList") })),
@@ -134,6 +140,10 @@ fn parameters() -> Value {
         "Cursor": query("cursor", false, "next_cursor of the previous page", json!({ "type": "string" })),
         "AuditCursor": query("cursor", false, "next_cursor of the previous page", json!({ "type": "integer" })),
         "TenantFilter": query("tenant", false, "Only entries for this tenant", json!({ "type": "string" })),
+        "ActionFilter": query("action", false, "Only entries of this action, e.g. key.revoke", json!({ "type": "string" })),
+        "ActorFilter": query("actor", false, "Only entries by this actor, e.g. admin-token:alice", json!({ "type": "string" })),
+        "Search": query("q", false, "Only tenants whose id or name contains this (ASCII case ignored)", json!({ "type": "string", "maxLength": 200 })),
+        "TopLimit": query("limit", false, "Tenants to list (default 10)", json!({ "type": "integer", "minimum": 1, "maximum": 100 })),
         "Route": query("route", true, "A configured route name (its prefix unless named), e.g. /orders", json!({ "type": "string" })),
         "IdempotencyKey": query("key", true, "The client's Idempotency-Key value", json!({ "type": "string" })),
     })
@@ -179,12 +189,12 @@ fn schemas() -> Value {
         json!({ "type": "string", "description": "The plaintext key; never shown again" });
     let page = |item: &str, cursor: Value| json!({ "type": "object", "properties": { "items": { "type": "array", "items": { "$ref": format!("#/components/schemas/{item}") } }, "next_cursor": cursor } });
     let endpoint_schema = json!({ "type": "object", "properties": { "url": { "type": "string" }, "host": { "type": "string" }, "weight": int(1), "state": { "enum": ["healthy", "unhealthy", "ejected"] }, "ejected_for_ms": { "type": ["integer", "null"] }, "ejections": int(0), "consecutive_failures": int(0), "in_flight": int(0) } });
-    let upstream_schema = json!({ "type": "object", "properties": { "name": { "type": "string" }, "load_balancer": { "enum": ["round_robin", "least_request", "peak_ewma"] }, "circuit_breaker": { "enum": ["closed", "half_open", "open"] }, "healthy_endpoints": int(0), "panic": { "type": "boolean" }, "endpoints": { "type": "array", "items": { "$ref": "#/components/schemas/Endpoint" } }, "attempt_timeout_ms": int(1), "latency": { "oneOf": [{ "type": "null" }, { "$ref": "#/components/schemas/Latency" }] }, "routes": { "type": "array", "items": { "$ref": "#/components/schemas/RouteLatency" } } } });
+    let upstream_schema = json!({ "type": "object", "properties": { "name": { "type": "string" }, "load_balancer": { "enum": ["round_robin", "least_request", "peak_ewma"] }, "circuit_breaker": { "enum": ["closed", "half_open", "open"] }, "healthy_endpoints": int(0), "panic": { "type": "boolean" }, "endpoints": { "type": "array", "items": { "$ref": "#/components/schemas/Endpoint" } }, "attempt_timeout_ms": int(1), "latency": { "oneOf": [{ "type": "null" }, { "$ref": "#/components/schemas/Latency" }] }, "routes": { "type": "array", "items": { "$ref": "#/components/schemas/RouteLatency" } }, "retry_amplification": { "type": ["number", "null"], "description": "Attempts per original request over the retry budget's window on the answering replica (1.0 = no retries)" } } });
     let latency_schema = json!({ "type": "object", "description": "Attempt latency over the last one to two minutes (at least 100 attempts)", "properties": { "samples": int(100), "p50_ms": { "type": "number" }, "p99_ms": { "type": "number" }, "p999_ms": { "type": "number" }, "recommended_attempt_timeout_ms": int(1) } });
     let top_up_schema = json!({ "type": "object", "required": ["amount"], "additionalProperties": false, "properties": { "amount": int(1) } });
     let bucket_usage_schema = json!({ "type": "object", "properties": { "policy": { "type": "string" }, "route": { "type": ["string", "null"] }, "limit": int(0), "remaining": int(0), "reset_after_secs": int(0) } });
     let period_usage_schema = json!({ "type": "object", "properties": { "period": { "enum": ["day", "month"] }, "limit": int(0), "used": int(0), "resets_in_secs": int(0) } });
-    let usage_schema = json!({ "type": "object", "properties": { "tenant": { "type": "string" }, "buckets": { "type": "array", "items": { "$ref": "#/components/schemas/BucketUsage" } }, "periods": { "type": "array", "items": { "$ref": "#/components/schemas/PeriodUsage" } }, "rejected_total": { "type": "integer", "description": "429s given to this tenant by the answering replica since it started" } } });
+    let usage_schema = json!({ "type": "object", "properties": { "tenant": { "type": "string" }, "buckets": { "type": "array", "items": { "$ref": "#/components/schemas/BucketUsage" } }, "periods": { "type": "array", "items": { "$ref": "#/components/schemas/PeriodUsage" } }, "rejected_total": { "type": "integer", "description": "429s given to this tenant by the answering replica since it started (rate and concurrency limits; an upstream's own 429s are not counted)" } } });
     let audit_entry_schema = json!({ "type": "object", "properties": { "id": { "type": "integer" }, "at": time, "actor": { "type": "string" }, "action": { "type": "string", "examples": ["tenant.create", "quota.update", "key.revoke"] }, "tenant": { "type": ["string", "null"] }, "before": {}, "after": {} } });
     let idempotency_record_schema = json!({ "type": "object", "properties": { "tenant": { "type": "string" }, "route": { "type": "string" }, "key": { "type": "string" }, "state": { "enum": ["in_flight", "completed", "too_large"] }, "fingerprint": { "type": "string" }, "fencing_token": { "type": "integer" }, "status": { "type": ["integer", "null"] }, "created_at": time, "expires_at": time } });
     let upstream_list_schema = json!({ "type": "object", "properties": { "upstreams": { "type": "array", "items": { "$ref": "#/components/schemas/Upstream" } } } });
@@ -213,6 +223,8 @@ fn schemas() -> Value {
         "Upstream": upstream_schema,
         "RouteLatency": route_latency,
         "Latency": latency_schema,
+        "UsageHistory": { "type": "object", "properties": { "tenant": { "type": "string" }, "interval_secs": int(1), "points": { "type": "array", "description": "60 points, oldest first; the last is the current, still open bucket", "items": { "type": "object", "properties": { "start": { "type": "integer", "description": "Bucket start, seconds since the Unix epoch" }, "rejected": int(0) } } }, "rejected_total": { "type": "integer", "description": "As in Usage" } } },
+        "ThrottledList": { "type": "object", "properties": { "window_secs": int(1), "scope": { "enum": ["fleet", "replica"], "description": "fleet: every live replica's counts summed (Redis state); replica: the answering replica's" }, "replicas": int(1), "fleet_error": { "type": "string", "description": "Present when the shared board could not be read (then scope is replica)" }, "items": { "type": "array", "items": { "type": "object", "properties": { "tenant": { "type": "string" }, "rejected": int(1) } } } } },
         "UpstreamList": upstream_list_schema,
         "Problem": problem_schema,
     })

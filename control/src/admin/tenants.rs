@@ -58,7 +58,11 @@ fn read_name(fields: &mut Fields) -> Option<String> {
     }
 }
 
-/// `GET /tenants?limit=&cursor=`.
+/// Longest search term of the tenant list.
+const MAX_SEARCH: usize = 200;
+
+/// `GET /tenants?q=&limit=&cursor=`: `q` keeps tenants whose id or name contains it,
+/// ignoring ASCII case.
 pub(super) async fn list(
     State(state): State<AdminState>,
     Query(query): Query<Vec<(String, String)>>,
@@ -68,8 +72,15 @@ pub(super) async fn list(
         .u64("limit", 1, MAX_PAGE, false)
         .unwrap_or(DEFAULT_PAGE);
     let cursor = fields.string("cursor");
+    let search = fields.string("q").filter(|q| !q.is_empty());
+    if search.as_ref().is_some_and(|q| q.len() > MAX_SEARCH) {
+        fields.push("q", format!("must be at most {MAX_SEARCH} bytes"));
+    }
     fields.finish().map_err(AdminError::Invalid)?;
-    let page = state.store.list_tenants(limit, cursor.as_deref()).await?;
+    let page = state
+        .store
+        .list_tenants(limit, cursor.as_deref(), search.as_deref())
+        .await?;
     Ok(Json(page).into_response())
 }
 

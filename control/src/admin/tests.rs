@@ -73,6 +73,7 @@ impl UpstreamsView for FakeUpstreams {
                 route: "/orders".into(),
                 latency: None,
             }],
+            retry_amplification: Some(1.25),
         }]
     }
 }
@@ -92,6 +93,7 @@ async fn app_with(upstreams: Arc<dyn UpstreamsView>) -> (Router, tempfile::TempD
             cost: 1,
         }]),
         upstreams,
+        throttled_board: None,
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }
@@ -420,4 +422,141 @@ async fn upstreams_lists_endpoint_health_and_needs_the_token() {
         send(&app, unauthenticated).await.0,
         StatusCode::UNAUTHORIZED
     );
+}
+
+/// The app and the directory it reads (to count 429s as the request path would).
+async fn app_and_directory() -> (Router, Arc<Directory>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::sqlite(&dir.path().join("a.db")).await.unwrap();
+    let directory = Arc::new(Directory::open(&db).await.unwrap());
+    let ctx = AdminContext {
+        db,
+        directory: directory.clone(),
+        limiter: Arc::new(portcullis_ratelimit::LocalLimiter::new()),
+        idempotency: Arc::new(portcullis_idempotency::MemoryStore::new(1 << 20)),
+        token: Arc::from(TOKEN),
+        routes: Arc::from(vec![ConfiguredRoute {
+            name: "/".into(),
+            cost: 1,
+        }]),
+        upstreams: Arc::new(NoUpstreams),
+        throttled_board: None,
+    };
+    (router_with_quota(ctx, Arc::new(FakeQuota)), directory, dir)
+}
+
+#[tokio::test]
+async fn history_and_top_throttled_show_the_tenants_429s() {
+    let (app, directory, _dir) = app_and_directory().await;
+    for id in ["acme", "globex", "quiet"] {
+        let body = json!({ "id": id, "rate": 1, "burst": 1 });
+        let (status, _) = call(&app, Method::POST, "/admin/v1/tenants", Some(body)).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let snapshot = directory.snapshot();
+    for (id, n) in [("acme", 3), ("globex", 5)] {
+        for _ in 0..n {
+            snapshot.by_id(id).unwrap().record_rate_limited();
+        }
+    }
+
+    let (status, history) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/tenants/acme/usage/history",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(history["interval_secs"], 10);
+    let points = history["points"].as_array().unwrap();
+    assert_eq!(points.len(), 60);
+    assert_eq!(
+        points[59]["rejected"], 3,
+        "the current bucket holds the new 429s"
+    );
+    assert_eq!(
+        points[59]["start"].as_u64().unwrap() - points[58]["start"].as_u64().unwrap(),
+        10
+    );
+    assert_eq!(history["rejected_total"], 3);
+
+    let (status, top) = call(&app, Method::GET, "/admin/v1/usage/throttled?limit=1", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(top["scope"], "replica");
+    assert_eq!(top["window_secs"], 600);
+    assert_eq!(top["items"], json!([{ "tenant": "globex", "rejected": 5 }]));
+    let (_, top) = call(&app, Method::GET, "/admin/v1/usage/throttled", None).await;
+    assert_eq!(
+        top["items"],
+        json!([{ "tenant": "globex", "rejected": 5 }, { "tenant": "acme", "rejected": 3 }]),
+        "tenants without 429s are not listed"
+    );
+
+    let (status, problem) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/tenants/nobody/usage/history",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(problem["detail"].as_str().unwrap().contains("nobody"));
+    for bad in ["0", "101", "ten"] {
+        let uri = format!("/admin/v1/usage/throttled?limit={bad}");
+        let (status, problem) = call(&app, Method::GET, &uri, None).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        assert_eq!(problem["errors"][0]["field"], "limit");
+    }
+}
+
+#[tokio::test]
+async fn tenant_search_and_audit_filters_through_the_router() {
+    let (app, _dir) = app().await;
+    for id in ["acme", "globex"] {
+        let body = json!({ "id": id, "rate": 1, "burst": 1 });
+        call(&app, Method::POST, "/admin/v1/tenants", Some(body)).await;
+    }
+    call(&app, Method::POST, "/admin/v1/tenants/acme/disable", None).await;
+    let (status, page) = call(&app, Method::GET, "/admin/v1/tenants?q=GLOB", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert_eq!(page["items"][0]["id"], "globex");
+    let long = "x".repeat(201);
+    let (status, problem) = call(
+        &app,
+        Method::GET,
+        &format!("/admin/v1/tenants?q={long}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["errors"][0]["field"], "q");
+
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?action=tenant.disable",
+        None,
+    )
+    .await;
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["tenant"], "acme");
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?actor=admin-token&tenant=globex",
+        None,
+    )
+    .await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    let (_, page) = call(
+        &app,
+        Method::GET,
+        "/admin/v1/audit?actor=someone-else",
+        None,
+    )
+    .await;
+    assert_eq!(page["items"], json!([]));
 }

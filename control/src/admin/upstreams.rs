@@ -50,6 +50,9 @@ pub struct UpstreamStatus {
     pub latency: Option<LatencyStatus>,
     /// The same, for each route toward this upstream.
     pub routes: Vec<RouteLatencyStatus>,
+    /// Attempts per original request over the retry budget's window on this replica (1.0 =
+    /// no retries); `null` before any request in the window.
+    pub retry_amplification: Option<f64>,
 }
 
 /// One route's attempt latency.

@@ -106,8 +106,9 @@ impl Tenant {
         }
     }
 
-    /// Counts one rate-limit rejection (429) of this tenant. Called by the rate-limit layer's
-    /// observer, never inferred from a response status (an upstream's own 429 is not one).
+    /// Counts one rejection (429) of this tenant by the gateway itself. Called by the
+    /// rate-limit layer's observer and by the concurrency limiter, never inferred from a
+    /// response status (an upstream's own 429 is not one).
     pub fn record_rate_limited(&self) {
         self.rate_limited.fetch_add(1, Ordering::Relaxed);
     }
@@ -215,6 +216,11 @@ impl Snapshot {
     /// A tenant by id.
     pub fn by_id(&self, id: &str) -> Option<&Arc<Tenant>> {
         self.by_id.get(id)
+    }
+
+    /// Every tenant, in no particular order.
+    pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.by_id.values()
     }
 
     /// Number of tenants.

@@ -86,7 +86,11 @@ impl Step for Concurrency {
             let limit = tenant.max_in_flight.unwrap_or(u64::MAX);
             match CountPermit::try_acquire(tenant.in_flight(), limit) {
                 Some(permit) => permits.tenant = Some(permit),
-                None => return Err(refuse(Scope::Tenant, limit)),
+                None => {
+                    // A 429 of the gateway's own, shown in the usage view like the limiter's.
+                    tenant.record_rate_limited();
+                    return Err(refuse(Scope::Tenant, limit));
+                }
             }
         }
         if let Some(table) = self
@@ -99,7 +103,12 @@ impl Step for Concurrency {
             match table.try_acquire(key) {
                 Some(permit) => permits.route = Some(permit),
                 // The tenant's slot, if taken, goes back as `permits` drops.
-                None => return Err(refuse(Scope::Route, u64::from(table.limit()))),
+                None => {
+                    if let Caller::Tenant(tenant) = &context.caller {
+                        tenant.record_rate_limited();
+                    }
+                    return Err(refuse(Scope::Route, u64::from(table.limit())));
+                }
             }
         }
         Ok(permits)

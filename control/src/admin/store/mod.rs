@@ -233,11 +233,11 @@ impl AdminStore {
         Ok(())
     }
 
-    /// Audit entries, newest first, optionally for one tenant; `cursor` is the `next_cursor`
-    /// of the previous page.
+    /// Audit entries, newest first, filtered; `cursor` is the `next_cursor` of the
+    /// previous page.
     pub(crate) async fn audit_log(
         &self,
-        tenant: Option<&str>,
+        filter: &AuditFilter,
         limit: u64,
         cursor: Option<i64>,
     ) -> Result<Page<AuditEntry>, AdminError> {
@@ -249,9 +249,15 @@ impl AdminStore {
             tx.json_out("after")
         );
         let mut args = Vec::new();
-        if let Some(tenant) = tenant {
-            args.push(Arg::Text(tenant.to_owned()));
-            sql.push_str(&format!(" AND tenant_id = ${}", args.len()));
+        for (column, value) in [
+            ("tenant_id", &filter.tenant),
+            ("action", &filter.action),
+            ("actor", &filter.actor),
+        ] {
+            if let Some(value) = value {
+                args.push(Arg::Text(value.clone()));
+                sql.push_str(&format!(" AND {column} = ${}", args.len()));
+            }
         }
         if let Some(cursor) = cursor {
             args.push(Arg::I64(cursor));
@@ -344,6 +350,28 @@ async fn audit(
 fn parse_json(text: Option<String>) -> Value {
     text.and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)
+}
+
+/// Filters of the audit log; each one set is an exact match.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct AuditFilter {
+    /// Entries about this tenant.
+    pub(crate) tenant: Option<String>,
+    /// Entries of this action (`tenant.create`, `key.revoke`, …).
+    pub(crate) action: Option<String>,
+    /// Entries by this actor (`admin-token` or `admin-token:<X-Admin-Actor>`).
+    pub(crate) actor: Option<String>,
+}
+
+impl AuditFilter {
+    /// Entries about `tenant` only.
+    #[cfg(test)]
+    pub(crate) fn of_tenant(tenant: &str) -> Self {
+        Self {
+            tenant: Some(tenant.to_owned()),
+            ..Self::default()
+        }
+    }
 }
 
 /// Rows to fetch for a page: one more than shown, to know whether another page follows.

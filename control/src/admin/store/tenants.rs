@@ -149,13 +149,23 @@ impl AdminStore {
         &self,
         limit: u64,
         cursor: Option<&str>,
+        search: Option<&str>,
     ) -> Result<Page<TenantView>, AdminError> {
         let mut tx = Tx::begin(&self.db).await?;
         let mut sql = tenant_select(&tx);
+        sql.push_str(" WHERE 1 = 1");
         let mut args = Vec::new();
         if let Some(cursor) = cursor {
             args.push(Arg::Text(cursor.to_owned()));
-            sql.push_str(" WHERE id > $1");
+            sql.push_str(&format!(" AND id > ${}", args.len()));
+        }
+        if let Some(search) = search {
+            // LOWER on both sides: SQLite's LIKE ignores ASCII case, PostgreSQL's does not.
+            args.push(Arg::Text(like_contains(&search.to_ascii_lowercase())));
+            let n = args.len();
+            sql.push_str(&format!(
+                " AND (LOWER(id) LIKE ${n} ESCAPE '\\' OR LOWER(name) LIKE ${n} ESCAPE '\\')"
+            ));
         }
         args.push(Arg::I64(page_fetch(limit)));
         sql.push_str(&format!(" ORDER BY id LIMIT ${}", args.len()));
@@ -274,4 +284,19 @@ impl AdminStore {
 
 fn duplicate(id: &str) -> AdminError {
     AdminError::Conflict(format!("a tenant with id {id:?} already exists"))
+}
+
+/// A LIKE pattern matching values that contain `text` literally (`%`, `_` and the escape
+/// character `\` escaped).
+fn like_contains(text: &str) -> String {
+    let mut pattern = String::with_capacity(text.len() + 2);
+    pattern.push('%');
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
 }

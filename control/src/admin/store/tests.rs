@@ -74,6 +74,8 @@ conformance!(
     delete_removes_keys_and_overrides_but_keeps_history,
     pagination_visits_every_tenant_once,
     audit_log_filters_by_tenant_and_pages_newest_first,
+    search_matches_id_or_name_ignoring_case_and_wildcards,
+    audit_log_filters_by_action_and_actor,
 );
 
 fn new_tenant(id: &str, rate: u64, burst: u64) -> NewTenant {
@@ -93,7 +95,7 @@ fn new_tenant(id: &str, rate: u64, burst: u64) -> NewTenant {
 
 async fn audit_count(f: &Fixture) -> usize {
     f.store
-        .audit_log(None, MAX_PAGE, None)
+        .audit_log(&AuditFilter::default(), MAX_PAGE, None)
         .await
         .unwrap()
         .items
@@ -121,7 +123,7 @@ async fn create_get_list_round_trip(f: Fixture) {
     );
     assert!(created.created_at.ends_with('Z') && created.created_at.contains('T'));
     assert_eq!(f.store.get_tenant("acme").await.unwrap(), created);
-    let page = f.store.list_tenants(10, None).await.unwrap();
+    let page = f.store.list_tenants(10, None, None).await.unwrap();
     assert_eq!(page.items, vec![created]);
     assert_eq!(page.next_cursor, None);
     assert!(matches!(
@@ -187,7 +189,7 @@ async fn update_merges_and_audits_before_and_after(f: Fixture) {
     assert_eq!(after.max_in_flight, Some(3));
     let entry = &f
         .store
-        .audit_log(Some("acme"), 1, None)
+        .audit_log(&AuditFilter::of_tenant("acme"), 1, None)
         .await
         .unwrap()
         .items[0];
@@ -296,9 +298,14 @@ async fn keys_are_stored_hashed_listed_by_prefix_and_revocable(f: Fixture) {
         (stored.as_slice(), prefix.as_str()),
         (&hash[..], &issued.api_key[..10])
     );
-    let audit =
-        serde_json::to_string(&f.store.audit_log(None, MAX_PAGE, None).await.unwrap().items)
-            .unwrap();
+    let audit = serde_json::to_string(
+        &f.store
+            .audit_log(&AuditFilter::default(), MAX_PAGE, None)
+            .await
+            .unwrap()
+            .items,
+    )
+    .unwrap();
     assert!(
         !audit.contains(&issued.api_key),
         "the audit log never holds the key"
@@ -425,7 +432,7 @@ async fn delete_removes_keys_and_overrides_but_keeps_history(f: Fixture) {
         .is_empty());
     let actions: Vec<String> = f
         .store
-        .audit_log(Some("acme"), MAX_PAGE, None)
+        .audit_log(&AuditFilter::of_tenant("acme"), MAX_PAGE, None)
         .await
         .unwrap()
         .items
@@ -454,7 +461,11 @@ async fn pagination_visits_every_tenant_once(f: Fixture) {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page = f.store.list_tenants(3, cursor.as_deref()).await.unwrap();
+        let page = f
+            .store
+            .list_tenants(3, cursor.as_deref(), None)
+            .await
+            .unwrap();
         assert!(page.items.len() <= 3);
         seen.extend(page.items.into_iter().map(|t| t.id));
         match page.next_cursor {
@@ -477,12 +488,20 @@ async fn audit_log_filters_by_tenant_and_pages_newest_first(f: Fixture) {
         .record("x", "period.reset", "a", None, Some(json!({"used": 0})))
         .await
         .unwrap();
-    let first = f.store.audit_log(Some("a"), 2, None).await.unwrap();
+    let first = f
+        .store
+        .audit_log(&AuditFilter::of_tenant("a"), 2, None)
+        .await
+        .unwrap();
     assert_eq!(first.items.len(), 2);
     assert_eq!(first.items[0].action, "period.reset");
     assert_eq!(first.items[0].after, json!({"used": 0}));
     let cursor: i64 = first.next_cursor.as_deref().unwrap().parse().unwrap();
-    let rest = f.store.audit_log(Some("a"), 2, Some(cursor)).await.unwrap();
+    let rest = f
+        .store
+        .audit_log(&AuditFilter::of_tenant("a"), 2, Some(cursor))
+        .await
+        .unwrap();
     assert_eq!(rest.items.len(), 1);
     assert_eq!(rest.items[0].action, "tenant.create");
     assert_eq!(rest.items[0].before, json!(null));
@@ -494,6 +513,71 @@ async fn audit_log_filters_by_tenant_and_pages_newest_first(f: Fixture) {
         .chain(&rest.items)
         .all(|e| e.tenant.as_deref() == Some("a")));
     assert_eq!(audit_count(&f).await, 5);
+}
+
+async fn search_matches_id_or_name_ignoring_case_and_wildcards(f: Fixture) {
+    for id in ["Acme-eu", "acme_us", "globex", "initech"] {
+        f.store
+            .create_tenant("a", &new_tenant(id, 10, 20))
+            .await
+            .unwrap();
+    }
+    let ids = |page: Page<TenantView>| page.items.into_iter().map(|t| t.id).collect::<Vec<_>>();
+    let search = |q: &'static str| f.store.list_tenants(10, None, Some(q));
+    assert_eq!(ids(search("ACME").await.unwrap()), ["Acme-eu", "acme_us"]);
+    // `_` and `%` are literal, not wildcards.
+    assert_eq!(
+        ids(search("e_e").await.unwrap()),
+        Vec::<String>::new(),
+        "no wildcard for acme-eu"
+    );
+    assert_eq!(ids(search("e_us").await.unwrap()), ["acme_us"]);
+    assert_eq!(ids(search("%").await.unwrap()), Vec::<String>::new());
+    // Names match too ("globex inc").
+    assert_eq!(ids(search("x inc").await.unwrap()), ["globex"]);
+    // Paging within a search.
+    let first = f.store.list_tenants(1, None, Some("acme")).await.unwrap();
+    let cursor = first.next_cursor.clone().unwrap();
+    assert_eq!(ids(first), ["Acme-eu"]);
+    let rest = f
+        .store
+        .list_tenants(1, Some(&cursor), Some("acme"))
+        .await
+        .unwrap();
+    assert_eq!(ids(rest), ["acme_us"]);
+}
+
+async fn audit_log_filters_by_action_and_actor(f: Fixture) {
+    f.store
+        .create_tenant("alice", &new_tenant("a", 10, 20))
+        .await
+        .unwrap();
+    f.store.issue_key("bob", "a").await.unwrap();
+    f.store.issue_key("alice", "a").await.unwrap();
+    let filter = |action: Option<&str>, actor: Option<&str>| AuditFilter {
+        action: action.map(str::to_owned),
+        actor: actor.map(str::to_owned),
+        ..AuditFilter::default()
+    };
+    let page = f
+        .store
+        .audit_log(&filter(Some("key.issue"), None), MAX_PAGE, None)
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    let page = f
+        .store
+        .audit_log(&filter(Some("key.issue"), Some("alice")), MAX_PAGE, None)
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].actor, "alice");
+    let page = f
+        .store
+        .audit_log(&filter(None, Some("nobody")), MAX_PAGE, None)
+        .await
+        .unwrap();
+    assert!(page.items.is_empty());
 }
 
 /// What the request path would see after a reload.

@@ -114,6 +114,11 @@ async fn a_tenant_over_its_limit_gets_429_with_the_concurrency_policy() {
         2,
         "a refusal holds nothing"
     );
+    assert_eq!(
+        tenants["acme"].rate_limited_total(),
+        1,
+        "counted in the usage view's rejected_total like the rate limiter's 429s"
+    );
 
     let other = Caller::Tenant(tenants["other"].clone());
     assert!(

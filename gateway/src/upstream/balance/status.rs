@@ -93,6 +93,7 @@ fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
         endpoints,
         attempt_timeout_ms: millis(policy.attempt_timeout_for(upstream.dependency())),
         latency: latency(upstream.dependency().latency_histogram(), policy),
+        retry_amplification: upstream.dependency().retry_amplification(),
         routes: upstream
             .dependency()
             .route_latencies()
