@@ -247,11 +247,16 @@ pub fn disabled_router() -> Router {
 }
 
 async fn unknown_path() -> Response<Body> {
-    AdminError::NotFound(format!(
+    not_found(&format!(
         "no admin endpoint at this path; the API is described at {BASE}/openapi.json"
     ))
-    .problem()
-    .into_response()
+}
+
+/// The admin listener's 404 problem+json, saying `detail` (also used by the console).
+pub(crate) fn not_found(detail: &str) -> Response<Body> {
+    AdminError::NotFound(detail.to_owned())
+        .problem()
+        .into_response()
 }
 
 /// Turns axum's own plain-text rejections (405, malformed path or query, body too large)

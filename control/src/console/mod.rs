@@ -14,7 +14,7 @@
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::{header, HeaderName, HeaderValue, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Response};
 
 /// Where the console is served.
 pub const PATH: &str = "/console";
@@ -56,13 +56,16 @@ fn asset(body: &'static str, content_type: &'static str) -> Response<Body> {
     )
 }
 
+/// An unknown path under `/console/`: the admin API's own 404 problem, with the console's
+/// headers.
 async fn not_found() -> Response<Body> {
-    let mut response = Response::new(Body::from("no such console asset\n"));
-    *response.status_mut() = StatusCode::NOT_FOUND;
-    with_headers(
-        response,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    )
+    let response = crate::admin::not_found("no such console asset; the console is at /console");
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/problem+json"));
+    with_headers(response, content_type)
 }
 
 /// The security headers of every console response.
@@ -112,7 +115,7 @@ mod tests {
             ("/console", 200, "text/html"),
             ("/console/app.js", 200, "text/javascript"),
             ("/console/app.css", 200, "text/css"),
-            ("/console/nope.js", 404, "text/plain"),
+            ("/console/nope.js", 404, "application/problem+json"),
         ] {
             let response = get(path).await;
             assert_eq!(response.status(), status, "{path}");
