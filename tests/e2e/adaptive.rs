@@ -238,7 +238,11 @@ async fn over_the_rate_a_request_waits_for_its_token_within_max_wait() {
         }
         let sent = upstream.hits_b.load(Ordering::SeqCst) - before;
         if queued {
-            assert_eq!((sent, refused), (5, 0), "{adaptive}: all waited and were sent");
+            assert_eq!(
+                (sent, refused),
+                (5, 0),
+                "{adaptive}: all waited and were sent"
+            );
         } else {
             assert!(refused >= 1, "{adaptive}: refused at once");
             assert_eq!(sent + refused, 5);

@@ -48,26 +48,26 @@ pub(crate) struct Controller {
     active: bool,
     rate: f64,
     /// Below zero while requests wait for tokens already promised to them.
-    pub(super) tokens: f64,
+    tokens: f64,
     refilled_at: Instant,
     /// CUBIC's W_max: the rate at the last decrease.
-    pub(super) last_max: f64,
+    last_max: f64,
     /// CUBIC's K: seconds from the last decrease back to `last_max`.
     k: f64,
     decreased_at: Option<Instant>,
     /// Congestion on attempts sent before this does not decrease again (TCP NewReno's
     /// recovery point): the window of sends at the new rate after the last decrease, or
     /// the last send promised before it, whichever is later.
-    pub(super) recover_at: Option<Instant>,
+    recover_at: Option<Instant>,
     /// When the last admitted attempt is due to leave: the requests waiting for their
     /// tokens were admitted at the old rate and leave at it after a decrease.
     promised: Instant,
     /// Attempts, counted at their send time when their outcome comes (admissions would
     /// not do: after a decrease the queue admits nothing for a while, but its requests
     /// still leave at the old rate).
-    pub(super) sent: RateMeter,
+    sent: RateMeter,
     /// New requests, counted when they arrive.
-    pub(super) offered: RateMeter,
+    offered: RateMeter,
     latency: Latency,
     fleet: Option<(f64, Instant)>,
 }

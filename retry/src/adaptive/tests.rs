@@ -132,9 +132,6 @@ fn drive_clients(
             break;
         }
         let second = &mut out[(now - start).as_secs() as usize];
-        if std::env::var("ZZ").is_ok() {
-            eprintln!("{:.3} c{i} {} rate {:?} tokens {:.1} sent {:.1} offered {:.1} lastmax {:.1}", (now - start).as_secs_f64(), matches!(event, Next::Send(_)), controller.rate(now), controller.tokens, controller.sent.rate, controller.offered.rate, controller.last_max);
-        }
         next[i] = match event {
             Next::Arrive(t) => match controller.admit(t, true, ANY) {
                 Ok(wait) => Next::Send(t + wait),
