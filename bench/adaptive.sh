@@ -12,7 +12,8 @@
 #                             in target-bench)
 #
 # Environment: OPS [50] operations per client, CAPACITY [50] req/s, CLIENTS [20], RATE [10]
-# req/s per client, BIN [<repo>/target-bench/release, else <repo>/target/debug].
+# req/s per client, BIN [<repo>/target-bench/release, else <repo>/target/debug], ADAPTIVE
+# [adaptive = true] the upstream's adaptive line, OFF [1] (0: skip the run without it).
 # Everything on 127.0.0.1; every process started here is stopped by PID on exit.
 set -euo pipefail
 
@@ -80,7 +81,7 @@ PIDS+=($!)
 wait_http "http://127.0.0.1:$UP/__stats"
 
 run() { # name adaptive-line
-    local name=$1 adaptive=$2 port
+    local name=$1 adaptive=$2 port admin
     start_gateway "$name" <<CONF
 [rate_limit]
 anonymous = { rate = 100000, per = "1s", burst = 100000 }
@@ -160,10 +161,11 @@ print(f"{'':>9}  seconds 5..{end}: upstream received peak {peak}/s ({peak / capa
       f"({mean_accepted / capacity:.0%} of capacity)")
 print(f"{'':>9}  per second received/accepted: {series}")
 PY
+    admin=$(sed -n 's/^admin_listen = "127.0.0.1:\(.*\)"$/\1/p' "$TMP/$name.toml")
     curl -fs "http://127.0.0.1:$admin/metrics" | grep -E '^(adaptive_|retry_suppressed_total|upstream_(requests|attempts)_total)' | sort | sed 's/^/           /' || true
     stop_gateway
 }
 
 echo "upstream: $CAPACITY req/s (429 above); $CLIENTS clients x $RATE req/s, $OPS operations each, honouring Retry-After"
 run adaptive "${ADAPTIVE:-adaptive = true}"
-run off ""
+[[ ${OFF:-1} == 0 ]] || run off ""

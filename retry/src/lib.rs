@@ -171,7 +171,7 @@ use std::sync::Arc;
 pub use self::{
     adaptive::{
         fleet_share, AdaptiveConfig, AdaptiveThrottle, FleetReport, DEFAULT_LATENCY_TOLERANCE,
-        DEFAULT_MIN_RATE,
+        DEFAULT_MAX_WAIT, DEFAULT_MIN_RATE,
     },
     breaker::{BreakerConfig, DEFAULT_MIN_CALLERS},
     budget::BudgetConfig,
@@ -217,6 +217,10 @@ pub struct AttemptInfo {
     /// How long the retry layer waited before this attempt (zero for the first), for the
     /// attempt's trace span.
     pub backoff: std::time::Duration,
+    /// When the retry layer stops waiting for this attempt (its attempt timeout, within
+    /// the request's deadline): an attempt dropped at or after it timed out, which passive
+    /// health counts against the endpoint.
+    pub timeout_at: tokio::time::Instant,
 }
 
 /// Request extension on a hedged first attempt: the upstream client records in it the

@@ -126,7 +126,7 @@ where
     // Over the rate the upstream was learned to accept: answered here, never sent.
     if let Some(throttle) = dep.adaptive() {
         let pace = throttle
-            .admit(true)
+            .admit(true, deadline.at.saturating_duration_since(arrived))
             .map_err(|retry_after| RetryError::Throttled {
                 retry_after,
                 rate: throttle.rate().unwrap_or_default(),
@@ -193,6 +193,7 @@ where
                 number,
                 avoid_endpoint,
                 backoff: waited,
+                timeout_at: started + limit,
             });
             req
         };
@@ -223,7 +224,12 @@ where
             let picked = PickedEndpoint::new();
             req.extensions_mut().insert(picked.clone());
             let second = || {
-                dep.budget().try_withdraw().then(|| {
+                // The copy is an attempt: it needs a token of the adaptive rate now (a
+                // copy that waited would no longer be early), then the retry budget's.
+                let admitted = dep
+                    .adaptive()
+                    .is_none_or(|t| t.admit(false, Duration::ZERO).is_ok());
+                (admitted && dep.budget().try_withdraw()).then(|| {
                     dep.metrics().attempt();
                     dep.metrics().retry(2);
                     let mut copy = request(2, body.take());
@@ -231,6 +237,7 @@ where
                         number: 2,
                         avoid_endpoint: picked.get(),
                         backoff: after,
+                        timeout_at: started + limit,
                     });
                     copy
                 })
@@ -292,7 +299,7 @@ where
                 Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng())
             })
             .next_delay();
-        let wait = backoff_delay.max(retry_after.unwrap_or_default());
+        let mut wait = backoff_delay.max(retry_after.unwrap_or_default());
         let stop = if repeat {
             Some(Stop::ClientRetry)
         } else if attempt >= max_attempts {
@@ -313,12 +320,18 @@ where
             Some(Stop::Breaker)
         } else if !dep.budget().try_withdraw() {
             Some(Stop::Budget)
-        } else if dep.adaptive().is_some_and(|t| t.admit(false).is_err()) {
-            // A retry is an attempt like any other: over the learned rate it is not sent.
-            // Its token is taken now, before the backoff: the rate of sends is the same.
-            Some(Stop::Throttled)
         } else {
-            None
+            // A retry is an attempt like any other: over the learned rate it is not sent.
+            // Its token is taken now, before the backoff, which it may lengthen.
+            let left = deadline.at.saturating_duration_since(Instant::now());
+            match dep.adaptive().map(|t| t.admit(false, left)) {
+                Some(Err(_)) => Some(Stop::Throttled),
+                Some(Ok(pace)) => {
+                    wait = wait.max(pace);
+                    None
+                }
+                None => None,
+            }
         };
         if let Some(stop) = stop {
             let correlation_id = header_str(&parts.headers, &X_REQUEST_ID);

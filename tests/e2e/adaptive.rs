@@ -1,6 +1,7 @@
 //! Adaptive throttling through the binary: an upstream that answers 429 teaches the gateway
 //! a rate, requests over it are answered at the edge (503 `upstream-throttled`, Retry-After)
-//! and never reach the upstream; it recovers when the upstream does; with Redis as the state
+//! and never reach the upstream, or wait for their token within `max_wait`; it recovers when
+//! the upstream does; with Redis as the state
 //! store a replica that never saw a 429 itself holds back on what another one learned.
 
 use std::net::SocketAddr;
@@ -99,7 +100,9 @@ async fn get(gateway: &GatewayProcess, path: &str) -> Answer {
 #[tokio::test]
 async fn over_the_learned_rate_requests_are_answered_at_the_edge_and_recover() {
     let (upstream, addr) = start_upstream(true).await;
-    let gateway = GatewayProcess::start(BIN, &config(addr, "adaptive = true", "memory")).await;
+    // max_wait = 0s: everything over the rate is refused at once (the default queues).
+    let adaptive = "adaptive = { max_wait = \"0s\" }";
+    let gateway = GatewayProcess::start(BIN, &config(addr, adaptive, "memory")).await;
 
     const REQUESTS: usize = 200;
     let mut edge = 0;
@@ -156,7 +159,7 @@ async fn without_adaptive_every_request_reaches_the_upstream() {
 async fn a_replica_holds_back_on_the_rate_another_learned_through_redis() {
     let (upstream, addr) = start_upstream(false).await;
     let redis = portcullis_testkit::redis::shared_url();
-    let text = config(addr, "adaptive = true", &redis);
+    let text = config(addr, "adaptive = { max_wait = \"0s\" }", &redis);
     let a = GatewayProcess::start(BIN, &text).await;
     let b = GatewayProcess::start(BIN, &text).await;
 
@@ -204,4 +207,45 @@ async fn a_replica_holds_back_on_the_rate_another_learned_through_redis() {
         upstream.throttled.load(Ordering::SeqCst),
         upstream.hits_a.load(Ordering::SeqCst)
     );
+}
+
+/// With the default `max_wait` (1 s) a request over the learned rate waits for its token
+/// instead of being refused: after the upstream throttled, sequential requests are all
+/// sent (spaced by the rate) and answered by it. With `max_wait = "0s"` the first one is
+/// refused at the edge.
+#[tokio::test]
+async fn over_the_rate_a_request_waits_for_its_token_within_max_wait() {
+    for (adaptive, queued) in [
+        ("adaptive = true", true),
+        ("adaptive = { max_wait = \"0s\" }", false),
+    ] {
+        let (upstream, addr) = start_upstream(false).await;
+        let gateway = GatewayProcess::start(BIN, &config(addr, adaptive, "memory")).await;
+        // Teach a rate: a burst of 429s (only the first decreases it, once per window).
+        for _ in 0..3 {
+            let answer = get(&gateway, "/a").await;
+            assert!(answer.status == 429 || answer.is_throttled_at_the_edge());
+        }
+        let before = upstream.hits_b.load(Ordering::SeqCst);
+        let mut refused = 0;
+        for _ in 0..5 {
+            let answer = get(&gateway, "/b").await;
+            if answer.is_throttled_at_the_edge() {
+                refused += 1;
+            } else {
+                assert_eq!(answer.status, 200, "{}", answer.text);
+            }
+        }
+        let sent = upstream.hits_b.load(Ordering::SeqCst) - before;
+        if queued {
+            assert_eq!(
+                (sent, refused),
+                (5, 0),
+                "{adaptive}: all waited and were sent"
+            );
+        } else {
+            assert!(refused >= 1, "{adaptive}: refused at once");
+            assert_eq!(sent + refused, 5);
+        }
+    }
 }

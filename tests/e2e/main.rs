@@ -78,6 +78,8 @@ mod startup_messages;
 mod readme;
 // Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.
 mod upstream_health;
+// Attempt timeouts are outlier failures: an endpoint that stalls is ejected after its consecutive timeouts.
+mod outlier_timeouts;
 // Load balancing: weighted round robin, least_request and peak_ewma sending less to a slow endpoint.
 mod upstream_balance;
 // Service discovery: endpoints_file rewritten without restart, host names re-resolved through a hosts file.

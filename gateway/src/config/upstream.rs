@@ -147,6 +147,7 @@ pub(super) fn upstream(path: &str, raw: &RawUpstream, issues: &mut Issues) -> Up
     let adaptive = match &raw.adaptive {
         RawAdaptive::Off => None,
         RawAdaptive::On(b) => AdaptiveConfig::try_new(b.min_rate, b.max_rate, b.latency_tolerance)
+            .and_then(|config| config.with_max_wait(b.max_wait.get()))
             .map_err(|err| report(issues, &format!("{path}.adaptive"), err))
             .ok(),
     };

@@ -32,6 +32,7 @@ use crate::pipeline::context::RequestContext;
 use crate::pipeline::held::{HeldBody, UntilEnd};
 use crate::telemetry::Attempt;
 use crate::upstream::balance::discovery::{self, Sources};
+use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{
     Address, Clock, Endpoint, EndpointSet, EndpointState, InFlight, Now, Outcome,
 };
@@ -324,10 +325,9 @@ impl Service<Request<Body>> for Proxy {
         let Some(upstream) = self.upstreams.get(context.route.settings.upstream).cloned() else {
             return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
         };
-        let avoid = request
-            .extensions()
-            .get::<AttemptInfo>()
-            .and_then(|a| a.avoid_endpoint);
+        let info = request.extensions().get::<AttemptInfo>();
+        let avoid = info.and_then(|a| a.avoid_endpoint);
+        let timeout_at = info.map(|a| a.timeout_at);
         let endpoint = {
             let set = upstream.set.load();
             let mut now = Now::new(&upstream.clock);
@@ -360,10 +360,17 @@ impl Service<Request<Body>> for Proxy {
                 (Request::from_parts(parts, body), Some(failure))
             };
             // The attempt timeout is the retry layer's: it also knows the request deadline.
+            // Its timer drops this future; the witness tells passive health.
+            let witness = TimeoutWitness::arm(timeout_at, || {
+                upstream.record(&endpoint, Outcome::Failure);
+            });
             let result = match &upstream.client {
                 Pool::Plain(client) => client.request(request).await,
                 Pool::Tls(client) => client.request(request).await,
             };
+            if let Some(witness) = witness {
+                witness.disarm();
+            }
             if let Some(started) = started {
                 let now = upstream.clock.now();
                 endpoint

@@ -6,10 +6,14 @@ use std::time::Duration;
 use http::StatusCode;
 use tokio::time::Instant;
 
+use super::controller::BETA;
 use super::*;
 use crate::error::FailureKind;
+use portcullis_problem::grpc::GrpcCode;
 
 const MS: Duration = Duration::from_millis(1);
+/// No deadline: only `max_wait` bounds the wait.
+const ANY: Duration = Duration::MAX;
 
 /// A backend that accepts `capacity` req/s (a token bucket `burst` deep) and answers 429
 /// above it.
@@ -48,6 +52,7 @@ impl Backend {
 type Seconds = Vec<(u32, u32, u32)>;
 
 /// Offers `offered` req/s evenly for `secs` seconds; the backend answers after 2 ms.
+/// Admitted requests leave after their wait, in time order with the arrivals.
 fn drive(
     controller: &mut Controller,
     backend: &mut Backend,
@@ -57,29 +62,146 @@ fn drive(
 ) -> Seconds {
     let step = Duration::from_secs(1) / offered;
     let mut out = vec![(0, 0, 0); secs as usize];
-    for i in 0..offered * secs {
-        let arrived = start + step * i;
-        let second = &mut out[(i / offered) as usize];
-        let Ok(pace) = controller.admit(arrived, true) else {
-            second.2 += 1;
-            continue;
+    // Admitted, not yet sent: their send instants (non-decreasing: tokens go in order).
+    let mut waiting = std::collections::VecDeque::new();
+    let mut send = |controller: &mut Controller, out: &mut Seconds, now: Instant| {
+        let Some(second) = out.get_mut((now - start).as_secs() as usize) else {
+            return;
         };
-        let now = arrived + pace;
         second.0 += 1;
-        let answered = now + 2 * MS;
         let signal = if backend.accepts(now) {
             second.1 += 1;
             Signal::Accepted(2 * MS)
         } else {
             Signal::Congestion
         };
-        controller.observe(signal, now, answered);
+        controller.observe(signal, now, now + 2 * MS);
+    };
+    for i in 0..offered * secs {
+        let arrived = start + step * i;
+        while let Some(&at) = waiting.front().filter(|&&at| at <= arrived) {
+            waiting.pop_front();
+            send(controller, &mut out, at);
+        }
+        match controller.admit(arrived, true, ANY) {
+            Ok(wait) => waiting.push_back(arrived + wait),
+            Err(_) => out[(i / offered) as usize].2 += 1,
+        }
+    }
+    while let Some(at) = waiting.pop_front() {
+        send(controller, &mut out, at);
     }
     out
 }
 
-/// The goal on the bare controller: a backend taking 50 req/s, offered 200 req/s,
-/// sees at most 1.1× its capacity after 5 s and keeps at least 90 % of it in use.
+/// The scenario (`bench/adaptive.sh`) on the bare controller: `clients` clients
+/// each sending every 100 ms while they have work, one request at a time; a request refused
+/// at the edge comes back after its `Retry-After` (whole seconds, rounded up), one the
+/// backend refused after the backend's `Retry-After: 1`. Per second: (reached the backend,
+/// accepted, refused at the edge).
+fn drive_clients(
+    controller: &mut Controller,
+    backend: &mut Backend,
+    start: Instant,
+    clients: u32,
+    secs: u32,
+) -> Seconds {
+    #[derive(Clone, Copy)]
+    enum Next {
+        Arrive(Instant),
+        Send(Instant),
+    }
+    let at = |n: Next| match n {
+        Next::Arrive(t) | Next::Send(t) => t,
+    };
+    let period = Duration::from_millis(100);
+    let end = start + Duration::from_secs(secs.into());
+    let mut out = vec![(0, 0, 0); secs as usize];
+    // Phases spread over the period, as the bench's clients.
+    let mut next: Vec<Next> = (0..clients)
+        .map(|n| Next::Arrive(start + period * n / clients))
+        .collect();
+    let mut slot: Vec<Instant> = next.iter().map(|n| at(*n)).collect();
+    // Bounded: every step moves one client's next event forward by at least 2 ms.
+    for _ in 0..clients * secs * 1000 {
+        let Some((i, event)) = next.iter().copied().enumerate().min_by_key(|(_, n)| at(*n)) else {
+            break;
+        };
+        let now = at(event);
+        if now >= end {
+            break;
+        }
+        let second = &mut out[(now - start).as_secs() as usize];
+        next[i] = match event {
+            Next::Arrive(t) => match controller.admit(t, true, ANY) {
+                Ok(wait) => Next::Send(t + wait),
+                Err(wait) => {
+                    second.2 += 1;
+                    slot[i] = t + Duration::from_secs(wait.as_secs_f64().ceil() as u64);
+                    Next::Arrive(slot[i])
+                }
+            },
+            Next::Send(t) => {
+                second.0 += 1;
+                let answered = t + 2 * MS;
+                let accepted = backend.accepts(t);
+                if accepted {
+                    second.1 += 1;
+                    controller.observe(Signal::Accepted(2 * MS), t, answered);
+                    slot[i] = (slot[i] + period).max(answered);
+                } else {
+                    controller.observe(Signal::Congestion, t, answered);
+                    slot[i] = (slot[i] + period).max(answered + Duration::from_secs(1));
+                }
+                Next::Arrive(slot[i])
+            }
+        };
+    }
+    out
+}
+
+/// The goal through clients that honour `Retry-After`: after 5 s the backend sees
+/// at most 1.1× its capacity every second, and at least 90 % of it is in use. Refused
+/// clients stay away whole seconds: without the queue (`max_wait` 50 ms, the former
+/// pacing) the gaps they leave cost a good part of the capacity.
+#[test]
+fn clients_honouring_retry_after_keep_the_backend_busy() {
+    let run = |max_wait: Duration| {
+        let start = Instant::now();
+        let config = AdaptiveConfig::default()
+            .with_max_wait(max_wait)
+            .expect("valid");
+        let mut controller = Controller::new(config, start);
+        let mut backend = Backend::new(50.0, 5.0, start);
+        drive_clients(&mut controller, &mut backend, start, 20, 30)
+    };
+    let mean = |seconds: &Seconds| {
+        let settled = &seconds[5..];
+        f64::from(settled.iter().map(|s| s.1).sum::<u32>()) / settled.len() as f64
+    };
+    let seconds = run(DEFAULT_MAX_WAIT);
+    for (i, (reached, _, _)) in seconds.iter().enumerate().skip(5) {
+        assert!(
+            *reached <= 55,
+            "second {i}: {reached} reached the backend: {seconds:?}"
+        );
+    }
+    assert!(
+        mean(&seconds) >= 45.0,
+        "mean accepted {}/s: {seconds:?}",
+        mean(&seconds)
+    );
+    let paced_only = run(50 * MS);
+    assert!(
+        mean(&paced_only) < mean(&seconds),
+        "the queue is what keeps it busy: {paced_only:?}"
+    );
+}
+
+/// The goal on the bare controller, offered 200 req/s evenly (an open loop: every
+/// refused request is simply lost): a backend taking 50 req/s keeps at least 90 % of it in
+/// use after 5 s. Every second stays within 1.15× of it: after a decrease the requests
+/// already waiting for their tokens leave at the old rate (up to `max_wait` of them).
 #[test]
 fn converges_to_the_capacity_of_the_backend() {
     let start = Instant::now();
@@ -89,7 +211,7 @@ fn converges_to_the_capacity_of_the_backend() {
     let settled = &seconds[5..];
     for (i, (reached, accepted, _)) in settled.iter().enumerate() {
         assert!(
-            *reached <= 55,
+            *reached <= 57,
             "second {}: {reached} reached the backend: {seconds:?}",
             i + 5
         );
@@ -124,7 +246,7 @@ fn backs_off_on_429_and_503_once_per_window() {
     // 100 req/s for a second, all accepted: the measured rate is about 100.
     for i in 0..100 {
         let now = start + 10 * MS * i;
-        controller.admit(now, true).expect("no limit yet");
+        controller.admit(now, true, ANY).expect("no limit yet");
         controller.observe(Signal::Accepted(MS), now, now + MS);
     }
     let t = start + Duration::from_secs(1);
@@ -186,7 +308,7 @@ fn timeouts_count_as_congestion_and_unrelated_failures_do_not() {
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
     for i in 0..50 {
         let now = start + 10 * MS * i;
-        controller.admit(now, true).expect("no limit");
+        controller.admit(now, true, ANY).expect("no limit");
         let failure = AttemptOutcome::Failure(FailureKind::ConnectRefused);
         controller.observe(Signal::of(failure, MS), now, now + MS);
     }
@@ -209,8 +331,14 @@ fn recovers_gradually_when_the_backend_does() {
     let seconds = drive(&mut controller, &mut backend, later, 100, 20);
     let reached: Vec<u32> = seconds.iter().map(|s| s.0).collect();
     assert!(reached[0] < 40, "no jump: {reached:?}");
+    // Climbing until it carries the whole demand (it may send more for a while then: the
+    // requests that queued at the lower rate leave too).
+    let carried = reached
+        .iter()
+        .position(|r| *r >= 100)
+        .unwrap_or(reached.len());
     assert!(
-        reached.windows(2).all(|w| w[1] + 5 >= w[0]),
+        reached[..carried].windows(2).all(|w| w[1] + 5 >= w[0]),
         "monotone climb: {reached:?}"
     );
     assert!(
@@ -225,7 +353,7 @@ fn inflated_latency_is_congestion() {
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
     for i in 0..200 {
         let now = start + 10 * MS * i;
-        controller.admit(now, true).expect("no limit");
+        controller.admit(now, true, ANY).expect("no limit");
         controller.observe(Signal::Accepted(5 * MS), now, now + 5 * MS);
     }
     let t = start + Duration::from_secs(2);
@@ -233,7 +361,7 @@ fn inflated_latency_is_congestion() {
     // The backend queues: 100 ms answers read as congestion within a few samples.
     for i in 0..5 {
         let now = t + 10 * MS * i;
-        let _ = controller.admit(now, true);
+        let _ = controller.admit(now, true, ANY);
         controller.observe(Signal::Accepted(100 * MS), now, now + 100 * MS);
     }
     assert!(controller.rate(t + Duration::from_secs(1)).is_some());
@@ -244,7 +372,7 @@ fn inflated_latency_is_congestion() {
     for i in 0..200 {
         let now = start + 10 * MS * i;
         let latency = if i < 100 { 5 * MS } else { 500 * MS };
-        controller.admit(now, true).expect("no limit");
+        controller.admit(now, true, ANY).expect("no limit");
         controller.observe(Signal::Accepted(latency), now, now + latency);
     }
     assert_eq!(controller.rate(t), None);
@@ -255,18 +383,22 @@ fn bounds_hold_and_refusals_say_when_the_next_token_comes() {
     let start = Instant::now();
     let config = AdaptiveConfig::try_new(2.0, Some(4.0), 2.0).expect("valid");
     let mut controller = Controller::new(config, start);
-    controller.observe(Signal::Congestion, start, start);
-    assert_eq!(controller.rate(start), Some(2.0), "min_rate floor");
-    controller
-        .admit(start + Duration::from_secs(1), true)
-        .expect("a token after 1 s");
-    let wait = controller
-        .admit(start + Duration::from_secs(1), true)
-        .expect_err("bucket empty");
-    assert!(
-        wait > Duration::ZERO && wait <= Duration::from_millis(500),
-        "{wait:?}"
-    );
+    // Each congestion signal (a window apart) takes β of the rate, down to the floor.
+    let mut t = start;
+    for _ in 0..10 {
+        controller.observe(Signal::Congestion, t, t);
+        t += Duration::from_secs(2);
+    }
+    assert_eq!(controller.rate(t), Some(2.0), "min_rate floor");
+    // 2 req/s: a token every 500 ms. Three at once: the first goes, the next two wait for
+    // theirs (within the default max_wait of 1 s); the fourth's would come after 1.5 s.
+    let t = t + Duration::from_secs(1);
+    assert_eq!(controller.admit(t, true, ANY), Ok(Duration::ZERO));
+    assert_eq!(controller.admit(t, true, ANY), Ok(500 * MS));
+    assert_eq!(controller.admit(t, true, ANY), Ok(1000 * MS));
+    assert_eq!(controller.admit(t, true, ANY), Err(1500 * MS));
+    // A request with 400 ms left is refused what it could not use.
+    assert_eq!(controller.admit(t, true, 400 * MS), Err(1500 * MS));
     let mut backend = Backend::new(1000.0, 100.0, start);
     let later = start + Duration::from_secs(2);
     drive(&mut controller, &mut backend, later, 100, 30);
@@ -311,15 +443,16 @@ async fn a_fleet_share_caps_a_replica_until_it_lapses() {
     throttle.set_fleet_share(Some(10.0), Duration::from_secs(2));
     assert_eq!(throttle.rate(), Some(10.0));
     tokio::time::advance(Duration::from_millis(100)).await;
-    assert!(throttle.admit(true).is_ok());
-    assert!(
-        throttle.admit(true).is_err(),
+    assert_eq!(throttle.admit(true, ANY), Ok(Duration::ZERO));
+    assert_eq!(
+        throttle.admit(true, ANY),
+        Ok(100 * MS),
         "one token per 100 ms at 10 req/s"
     );
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(throttle.rate(), None, "lapsed: on its own again");
-    assert!(throttle.admit(true).is_ok());
-    assert!(throttle.admit(true).is_ok());
+    assert!(throttle.admit(true, ANY).is_ok());
+    assert!(throttle.admit(true, ANY).is_ok());
 }
 
 #[test]
@@ -330,7 +463,7 @@ fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
     let first = start + Duration::from_secs(3600);
     for i in 0..50 {
         let now = first + 10 * MS * i;
-        controller.admit(now, true).expect("no limit yet");
+        controller.admit(now, true, ANY).expect("no limit yet");
         controller.observe(Signal::Accepted(MS), now, now + MS);
     }
     let t = first + Duration::from_millis(500);
@@ -342,17 +475,19 @@ fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
 #[test]
 fn a_token_due_soon_is_waited_for_and_later_requests_queue_behind_it() {
     let start = Instant::now();
-    let config = AdaptiveConfig::try_new(50.0, Some(50.0), 0.0).expect("valid");
+    let config = AdaptiveConfig::try_new(50.0, Some(50.0), 0.0)
+        .and_then(|c| c.with_max_wait(50 * MS))
+        .expect("valid");
     let mut controller = Controller::new(config, start);
     controller.observe(Signal::Congestion, start, start);
     assert_eq!(controller.rate(start), Some(50.0));
     // 50 req/s: a token every 20 ms; three arrive at once: they leave 20 ms apart.
     let t = start + Duration::from_millis(20);
-    assert_eq!(controller.admit(t, true), Ok(Duration::ZERO));
-    let pace = controller.admit(t, true).expect("paced");
+    assert_eq!(controller.admit(t, true, ANY), Ok(Duration::ZERO));
+    let pace = controller.admit(t, true, ANY).expect("paced");
     assert!((19 * MS..=21 * MS).contains(&pace), "{pace:?}");
-    let pace = controller.admit(t, true).expect("paced");
+    let pace = controller.admit(t, true, ANY).expect("paced");
     assert!((39 * MS..=41 * MS).contains(&pace), "{pace:?}");
-    // The next one would wait 60 ms: refused.
-    assert!(controller.admit(t, true).is_err());
+    // With max_wait = 50 ms, the next one (60 ms) is refused.
+    assert!(controller.admit(t, true, ANY).is_err());
 }

@@ -3,7 +3,15 @@
 
 use super::*;
 
+/// An upstream whose throttle refuses at once (`max_wait = 0`) what is over its rate.
 fn adaptive_dependency() -> Arc<Dependency> {
+    let config = AdaptiveConfig::default()
+        .with_max_wait(Duration::ZERO)
+        .expect("valid");
+    adaptive_dependency_with(config)
+}
+
+fn adaptive_dependency_with(config: AdaptiveConfig) -> Arc<Dependency> {
     Arc::new(
         Dependency::new(
             "orders",
@@ -12,7 +20,7 @@ fn adaptive_dependency() -> Arc<Dependency> {
             BudgetConfig::default(),
             BreakerConfig::default(),
         )
-        .with_adaptive(AdaptiveConfig::default()),
+        .with_adaptive(config),
     )
 }
 
@@ -101,4 +109,39 @@ async fn connect_failures_do_not_teach_a_rate() {
     }
     assert_eq!(f.upstream.hits(), 20);
     assert_eq!(f.target.dependency.adaptive().and_then(|t| t.rate()), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_the_rate_a_request_waits_for_its_token_within_max_wait() {
+    let _trace = trace_init();
+    let f = fixture_with(
+        [st(429)],
+        no_retries(),
+        adaptive_dependency_with(AdaptiveConfig::default()),
+    );
+    assert_eq!(
+        status(&f.send(f.request(Method::GET, Body::empty())).await),
+        429
+    );
+    let rate = f
+        .target
+        .dependency
+        .adaptive()
+        .and_then(|t| t.rate())
+        .expect("learned");
+    // The bucket is empty: the next request waits for its token (well within the default
+    // max_wait of 1 s), then goes out, instead of being sent away for a whole second.
+    let arrived = Instant::now();
+    assert_eq!(
+        status(&f.send(f.request(Method::GET, Body::empty())).await),
+        200
+    );
+    let seen = f.upstream.seen();
+    assert_eq!(seen.len(), 2);
+    let waited = seen[1].at - arrived;
+    let token = Duration::from_secs_f64(1.0 / rate);
+    assert!(
+        waited > Duration::ZERO && waited <= token,
+        "waited {waited:?}, a token every {token:?}"
+    );
 }

@@ -78,7 +78,11 @@ async fn no_copy_without_retry_budget() {
         budget,
         BreakerConfig::default(),
     ));
-    let f = fixture_with([Step::After(Duration::from_millis(300), 200)], params, dep);
+    let f = fixture_with(
+        [Step::After(Duration::from_millis(300), 200)],
+        params,
+        dep.clone(),
+    );
     assert_eq!(
         status(&f.send(f.request(Method::GET, Body::empty())).await),
         200
@@ -118,4 +122,56 @@ async fn a_percentile_hedges_only_once_latency_is_measured() {
     );
     assert!(Instant::now() - started < Duration::from_millis(10));
     assert_eq!(f.upstream.hits(), 203);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_needs_an_adaptive_token() {
+    let _trace = trace_init();
+    let params = RetryParams {
+        hedge_after: Some(AFTER),
+        ..RetryParams::default()
+    };
+    let dep = Arc::new(
+        Dependency::new(
+            "orders",
+            2,
+            false,
+            BudgetConfig::default(),
+            BreakerConfig::default(),
+        )
+        .with_adaptive(AdaptiveConfig::default()),
+    );
+    // 5 req/s (a token every 200 ms): the request waits 200 ms for its token and goes out;
+    // 100 ms later, when the copy is due, the next token is 100 ms away: no copy.
+    let throttle = dep.adaptive().expect("adaptive");
+    throttle.set_fleet_share(Some(5.0), Duration::from_secs(60));
+    let f = fixture_with(
+        [Step::After(Duration::from_millis(300), 200)],
+        params,
+        dep.clone(),
+    );
+    assert_eq!(
+        status(&f.send(f.request(Method::GET, Body::empty())).await),
+        200
+    );
+    assert_eq!(
+        f.upstream.hits(),
+        1,
+        "over the adaptive rate, a hedge is not sent"
+    );
+
+    // At 10 req/s (a bucket one token deep) the request takes the token there is, and the
+    // copy the one that comes 100 ms later: it goes out, and the bucket is empty after it.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    f.upstream.push(Step::Stall);
+    f.upstream.push(st(200));
+    throttle.set_fleet_share(Some(10.0), Duration::from_secs(60));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        status(&f.send(f.request(Method::GET, Body::empty())).await),
+        200
+    );
+    assert_eq!(f.upstream.hits(), 3, "the copy was sent");
+    let token = throttle.admit(true, Duration::ZERO);
+    assert!(token.is_err(), "the copy took a token: {token:?}");
 }

@@ -72,7 +72,8 @@ pub struct RawUpstream {
     pub adaptive: RawAdaptive,
 }
 
-/// `adaptive = true | false | { min_rate, max_rate, latency_tolerance }` on an upstream.
+/// `adaptive = true | false | { min_rate, max_rate, latency_tolerance, max_wait }` on an
+/// upstream.
 #[derive(Debug, Clone, Default)]
 pub enum RawAdaptive {
     /// `adaptive = false` or absent.
@@ -94,6 +95,9 @@ pub struct RawAdaptiveBounds {
     /// Latency gradient (short average over long average) read as congestion; 0 ignores
     /// latency.
     pub latency_tolerance: f64,
+    /// The longest a request over the rate waits at the edge for its token before it is
+    /// refused (bounded by its deadline too).
+    pub max_wait: HumanDuration,
 }
 
 impl Default for RawAdaptiveBounds {
@@ -102,6 +106,7 @@ impl Default for RawAdaptiveBounds {
             min_rate: portcullis_retry::DEFAULT_MIN_RATE,
             max_rate: None,
             latency_tolerance: portcullis_retry::DEFAULT_LATENCY_TOLERANCE,
+            max_wait: HumanDuration(portcullis_retry::DEFAULT_MAX_WAIT),
         }
     }
 }

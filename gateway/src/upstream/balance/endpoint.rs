@@ -55,7 +55,8 @@ pub(crate) struct Endpoint {
 pub(crate) enum Outcome {
     /// Any answer other than 502/503/504.
     Success,
-    /// A gateway failure: connect error, reset, or 502/503/504 from the endpoint.
+    /// A gateway failure: connect error, reset, attempt timeout, or 502/503/504 from the
+    /// endpoint.
     Failure,
     /// Neither (the client's body failed): says nothing about the endpoint.
     Neutral,

@@ -31,6 +31,7 @@ pub(crate) mod health;
 pub(crate) mod status;
 #[cfg(test)]
 mod tests;
+pub(crate) mod timeout;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,49 @@
+//! Attempt timeouts count as gateway failures for outlier ejection (Envoy's
+//! `consecutive_gateway_failure`): an endpoint that accepts connections and never answers
+//! is ejected after `consecutive_failures` timeouts in a row, and gets no attempt after.
+//! Both endpoints are scripted listeners on loopback; counts are what they received.
+
+use std::time::Duration;
+
+use portcullis_testkit::upstream::{ScriptedUpstream, Step};
+
+use crate::upstream_health::{endpoint, get, proxied, start, upstreams};
+
+#[tokio::test]
+async fn an_endpoint_that_stalls_is_ejected_after_its_timeouts() {
+    let _trace = portcullis_testkit::trace_init();
+    // A answers nothing for a minute (far past the 300 ms attempt timeout); B answers 200.
+    let stalled = Step::stall(Duration::from_secs(60), Step::status(200));
+    let a = ScriptedUpstream::start_with_fallback(vec![], stalled).await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let config = format!(
+        r#"[[upstreams]]
+name = "orders"
+endpoints = ["{}", "{}"]
+attempt_timeout = "300ms"
+retry = {{ max_retries = 1, base = "10ms", cap = "20ms", budget_percent = 50, budget_min_retries_per_second = 100 }}
+outlier = {{ consecutive_failures = 2, base_ejection = "300s", max_ejection = "300s" }}
+
+[[routes]]
+prefix = "/"
+upstream = "orders"
+"#,
+        a.url(),
+        b.url()
+    );
+    let gw = start(&config).await;
+    // Round robin: every other first attempt goes to A, times out, and is retried on B.
+    for i in 0..12 {
+        assert_eq!(get(&gw, "/orders").await, Some(200), "request {i}");
+    }
+    let view = upstreams(&gw).await;
+    let a_view = endpoint(&view, "orders", &a.url()).expect("A in the admin view");
+    assert_eq!(a_view["state"], "ejected", "{view}\n{}", gw.logs());
+    assert_eq!(a_view["ejections"], 1, "{view}");
+    assert_eq!(
+        proxied(&a),
+        2,
+        "two timeouts in a row eject A; no attempt after: {view}"
+    );
+    assert_eq!(proxied(&b), 12, "every request answered by B");
+}
