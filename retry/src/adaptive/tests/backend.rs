@@ -1,0 +1,154 @@
+//! A synthetic backend that accepts a fixed rate, and the two ways of driving the controller
+//! against it: an open loop at a steady offered rate, and clients that honour `Retry-After`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::super::*;
+use super::{ANY, MS};
+
+/// A backend that accepts `capacity` req/s (a token bucket `burst` deep) and answers 429
+/// above it.
+pub(super) struct Backend {
+    capacity: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Backend {
+    pub(super) fn new(capacity: f64, burst: f64, now: Instant) -> Self {
+        Self {
+            capacity,
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    fn accepts(&mut self, now: Instant) -> bool {
+        let elapsed = (now - self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.capacity).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Per second of the run: (requests that reached the backend, requests it accepted,
+/// requests refused at the edge).
+pub(super) type Seconds = Vec<(u32, u32, u32)>;
+
+/// Offers `offered` req/s evenly for `secs` seconds; the backend answers after 2 ms.
+/// Admitted requests leave after their wait, in time order with the arrivals.
+pub(super) fn drive(
+    controller: &mut Controller,
+    backend: &mut Backend,
+    start: Instant,
+    offered: u32,
+    secs: u32,
+) -> Seconds {
+    let step = Duration::from_secs(1) / offered;
+    let mut out = vec![(0, 0, 0); secs as usize];
+    // Admitted, not yet sent: their send instants (non-decreasing: tokens go in order).
+    let mut waiting = std::collections::VecDeque::new();
+    let mut send = |controller: &mut Controller, out: &mut Seconds, now: Instant| {
+        let Some(second) = out.get_mut((now - start).as_secs() as usize) else {
+            return;
+        };
+        second.0 += 1;
+        let signal = if backend.accepts(now) {
+            second.1 += 1;
+            Signal::Accepted(2 * MS)
+        } else {
+            Signal::Congestion
+        };
+        controller.observe(signal, now, now + 2 * MS);
+    };
+    for i in 0..offered * secs {
+        let arrived = start + step * i;
+        while let Some(&at) = waiting.front().filter(|&&at| at <= arrived) {
+            waiting.pop_front();
+            send(controller, &mut out, at);
+        }
+        match controller.admit(arrived, true, ANY) {
+            Ok(wait) => waiting.push_back(arrived + wait),
+            Err(_) => out[(i / offered) as usize].2 += 1,
+        }
+    }
+    while let Some(at) = waiting.pop_front() {
+        send(controller, &mut out, at);
+    }
+    out
+}
+
+/// The scenario (`bench/adaptive.sh`) on the bare controller: `clients` clients
+/// each sending every 100 ms while they have work, one request at a time; a request refused
+/// at the edge comes back after its `Retry-After` (whole seconds, rounded up), one the
+/// backend refused after the backend's `Retry-After: 1`. Per second: (reached the backend,
+/// accepted, refused at the edge).
+pub(super) fn drive_clients(
+    controller: &mut Controller,
+    backend: &mut Backend,
+    start: Instant,
+    clients: u32,
+    secs: u32,
+) -> Seconds {
+    #[derive(Clone, Copy)]
+    enum Next {
+        Arrive(Instant),
+        Send(Instant),
+    }
+    let at = |n: Next| match n {
+        Next::Arrive(t) | Next::Send(t) => t,
+    };
+    let period = Duration::from_millis(100);
+    let end = start + Duration::from_secs(secs.into());
+    let mut out = vec![(0, 0, 0); secs as usize];
+    // Phases spread over the period, as the bench's clients.
+    let mut next: Vec<Next> = (0..clients)
+        .map(|n| Next::Arrive(start + period * n / clients))
+        .collect();
+    let mut slot: Vec<Instant> = next.iter().map(|n| at(*n)).collect();
+    // Bounded: every step moves one client's next event forward by at least 2 ms.
+    for _ in 0..clients * secs * 1000 {
+        let Some((i, event)) = next.iter().copied().enumerate().min_by_key(|(_, n)| at(*n)) else {
+            break;
+        };
+        let now = at(event);
+        if now >= end {
+            break;
+        }
+        let second = &mut out[(now - start).as_secs() as usize];
+        next[i] = match event {
+            Next::Arrive(t) => match controller.admit(t, true, ANY) {
+                Ok(wait) => Next::Send(t + wait),
+                Err(wait) => {
+                    second.2 += 1;
+                    slot[i] = t + Duration::from_secs(wait.as_secs_f64().ceil() as u64);
+                    Next::Arrive(slot[i])
+                }
+            },
+            Next::Send(t) => {
+                second.0 += 1;
+                let answered = t + 2 * MS;
+                let accepted = backend.accepts(t);
+                if accepted {
+                    second.1 += 1;
+                    controller.observe(Signal::Accepted(2 * MS), t, answered);
+                    slot[i] = (slot[i] + period).max(answered);
+                } else {
+                    controller.observe(Signal::Congestion, t, answered);
+                    slot[i] = (slot[i] + period).max(answered + Duration::from_secs(1));
+                }
+                Next::Arrive(slot[i])
+            }
+        };
+    }
+    out
+}
