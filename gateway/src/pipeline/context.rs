@@ -192,7 +192,7 @@ pub(crate) mod tests {
         ip: IpAddr,
     ) -> Arc<RequestContext> {
         let config = Config::parse(config, &HashMap::<String, String>::new()).unwrap();
-        let (_, dependencies) = crate::upstreams(&config);
+        let (_, dependencies) = crate::start::upstreams(&config);
         let table = RouteTable::new(&config.routes, &dependencies);
         let method = http::Method::GET;
         let headers = http::HeaderMap::new();

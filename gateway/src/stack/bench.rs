@@ -24,10 +24,10 @@ use crate::upstream::proxy::ProxyError;
 /// `127.0.0.1:40000`, as the listener would say.
 pub async fn pipeline(config: &Config, dir: &Path) -> Result<HttpService, crate::StartError> {
     let db = Database::sqlite(&dir.join("bench.db")).await?;
-    db.upsert_tenants(&crate::tenant_seeds(&config.tenants))
+    db.upsert_tenants(&crate::start::tenant_seeds(&config.tenants))
         .await?;
     let directory = Arc::new(Directory::open(&db).await?);
-    let (upstreams, dependencies) = crate::upstreams(config);
+    let (upstreams, dependencies) = crate::start::upstreams(config);
     let parts = StackParts {
         upstreams,
         dependencies,

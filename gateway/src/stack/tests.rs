@@ -132,11 +132,11 @@ async fn stack_with_directory() -> (HttpService, Log, tempfile::TempDir, Arc<Dir
     let config = Config::parse(CONFIG, &HashMap::<String, String>::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = Database::sqlite(&dir.path().join("t.db")).await.unwrap();
-    db.upsert_tenants(&crate::tenant_seeds(&config.tenants))
+    db.upsert_tenants(&crate::start::tenant_seeds(&config.tenants))
         .await
         .unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());
-    let (upstreams, dependencies) = crate::upstreams(&config);
+    let (upstreams, dependencies) = crate::start::upstreams(&config);
     let parts = StackParts {
         upstreams,
         dependencies,

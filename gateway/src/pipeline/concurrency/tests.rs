@@ -46,7 +46,7 @@ async fn tenants() -> (HashMap<&'static str, Arc<Tenant>>, tempfile::TempDir) {
     let config = Config::parse(CONFIG, &HashMap::<String, String>::new()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = Database::sqlite(&dir.path().join("c.db")).await.unwrap();
-    db.upsert_tenants(&crate::tenant_seeds(&config.tenants))
+    db.upsert_tenants(&crate::start::tenant_seeds(&config.tenants))
         .await
         .unwrap();
     let snapshot = Directory::open(&db).await.unwrap().snapshot();

@@ -16,7 +16,7 @@ fn table(routes: &str) -> RouteTable {
         Ok(config) => config,
         Err(e) => panic!("{e}\n{text}"),
     };
-    let (_, dependencies) = crate::upstreams(&config);
+    let (_, dependencies) = crate::start::upstreams(&config);
     RouteTable::new(&config.routes, &dependencies)
 }
 

@@ -1,0 +1,414 @@
+//! Starting and stopping the gateway ([`run`]): the stores opened, the upstreams and the
+//! pipeline built, the background tasks spawned, both listeners served, then the drain and
+//! an orderly stop. Each step is a function here; `run` reads as the sequence.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::{Config, IdempotencyBackend, StateBackend};
+use crate::edge::listener::ServeOptions;
+use crate::edge::ops::Health;
+use crate::upstream::proxy::Upstream;
+use crate::{banner, config, edge, pipeline, stack, telemetry, throttled_board, tls, upstream};
+use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
+use portcullis_redis::{ConnectOptions, RedisClient};
+use portcullis_retry::Dependency;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration database failed.
+    #[error(transparent)]
+    Database(#[from] DbError),
+    /// The configuration database could not be opened: names the field and its value
+    /// (password redacted); the source says which file and why.
+    #[error("storage.database = \"{url}\"")]
+    OpenDatabase {
+        /// `storage.database` as configured, password redacted.
+        url: String,
+        /// Why it could not be opened.
+        source: DbError,
+    },
+    /// A listener could not bind. The message starts with the field, as configuration
+    /// errors do, and keeps "cannot listen" (the test kit retries on it).
+    #[error("{what} = {addr}: cannot listen")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The idempotency store could not be built.
+    #[error(transparent)]
+    Idempotency(#[from] pipeline::idempotency::IdempotencyStoreError),
+    /// The rate limiter could not be built.
+    #[error("storage.state: {0}")]
+    RateLimit(#[from] portcullis_ratelimit::LimiterError),
+    /// A Redis URL could not be used.
+    #[error("storage: invalid Redis URL: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The OTLP trace exporter could not be built.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::export::ExportSetupError),
+    /// A listener's TLS configuration could not be built.
+    #[error("{what}: {source}")]
+    Tls {
+        /// Which listener's TLS table.
+        what: &'static str,
+        /// rustls' reason.
+        source: rustls::Error,
+    },
+}
+
+/// Starts everything the configuration asks for and serves until `shutdown` resolves; then
+/// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let metrics = pipeline::metrics::install();
+    telemetry::export::install(&config.telemetry)?;
+    let stores = Stores::open(&config).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (upstreams, dependencies) = upstreams(&config);
+    // Names resolved (and endpoint files read) before the first request; then kept current.
+    upstream::balance::start(&upstreams, &stop_rx).await;
+
+    let redis_clients = redis_health_clients(&config)?;
+    let health =
+        Arc::new(Health::new(stores.db.clone(), redis_clients).with_upstreams(upstreams.clone()));
+    if config.demo.enabled {
+        upstream::demo::serve(config.demo.listen, stopped(&stop_rx))
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.demo.listen,
+                what: "demo.listen",
+                source,
+            })?;
+    }
+    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(
+        upstreams
+            .iter()
+            .zip(&config.upstreams)
+            .map(|(u, settings)| (u.clone(), settings.retry.clone()))
+            .collect(),
+    ));
+    upstream::fleet::spawn(&config, &dependencies, stopped(&stop_rx))?;
+    let directory = stores.directory.clone();
+    tokio::spawn(directory.keep_fresh(stores.db.clone(), stopped(&stop_rx)));
+    let parts = stack::StackParts {
+        upstreams,
+        dependencies,
+        directory: stores.directory.clone(),
+        idempotency_store: stores.idempotency.clone(),
+        limiter: stores.limiter.clone(),
+        health: health.clone(),
+    };
+    let service = stack::build(&config, parts);
+
+    let listener = bind(config.server.listen, "server.listen").await?;
+    let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+    let options = serve_options(&config, Listener::Proxy)?;
+    let admin_options = serve_options(&config, Listener::Admin)?;
+    ensure_descriptors(options.max_connections + admin_options.max_connections);
+    // Certificates reload on SIGHUP and on file change until the proxy listener has drained.
+    let reloadable = [&config.server.tls, &config.server.admin_tls];
+    tokio::spawn(tls::watch(
+        reloadable.into_iter().flatten().cloned().collect(),
+        stopped(&stop_rx),
+    ));
+    tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
+    banner::print(&config);
+
+    let ops = edge::ops::router(health.clone(), metrics);
+    let admin_app = admin_router(&config, &stores, admin_upstreams, ops);
+    let admin = tokio::spawn(serve_admin(
+        admin_listener,
+        admin_app,
+        admin_options,
+        stopped(&stop_rx),
+    ));
+    edge::listener::serve(listener, service, options, async move {
+        shutdown.await;
+        tracing::info!("shutdown requested");
+        health.start_draining();
+    })
+    .await;
+
+    let _ = stop_tx.send(true);
+    let _ = admin.await;
+    stores.close().await;
+    // Queued spans are flushed (bounded by the exporter's timeout) on a blocking thread.
+    let _ = tokio::task::spawn_blocking(telemetry::export::shutdown).await;
+    tracing::info!("portcullis stopped");
+    Ok(())
+}
+
+/// Resolves once `stop` says so (or its sender is gone): how every background task and
+/// listener started by [`run`] learns that the gateway is stopping.
+fn stopped(stop: &tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut stop = stop.clone();
+    async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    }
+}
+
+/// What the gateway keeps state in: the database (tenants, keys, quotas, audit), the tenant
+/// directory read on the request path, the idempotency store and the rate limiter.
+struct Stores {
+    db: Database,
+    directory: Arc<Directory>,
+    idempotency: Arc<dyn portcullis_idempotency::Store>,
+    limiter: Arc<dyn portcullis_ratelimit::Limiter>,
+}
+
+impl Stores {
+    /// Opens the database (seeding the file's tenants), the directory and both stores.
+    async fn open(config: &Config) -> Result<Self, StartError> {
+        let db = match &config.storage.database {
+            config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await,
+            config::DatabaseBackend::Postgres(url) => Database::postgres(url).await,
+        }
+        .map_err(|source| StartError::OpenDatabase {
+            url: format!("{:?}", config.storage.database),
+            source,
+        })?;
+        db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
+        Ok(Self {
+            directory: Arc::new(Directory::open(&db).await?),
+            idempotency: pipeline::idempotency::build_store(config).await?,
+            limiter: pipeline::ratelimit::build_limiter(config)?,
+            db,
+        })
+    }
+
+    /// After the listeners have drained.
+    async fn close(self) {
+        // Batched rate limiting: unspent leases go back to the shared store, bounded so a
+        // dead store cannot hold the exit (unreturned tokens lapse; see the ratelimit crate).
+        let release = self.limiter.release();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), release).await;
+        self.db.close().await;
+    }
+}
+
+/// Serves the admin listener until `stopped`: the same accept loop as the proxy listener,
+/// so it gets TLS (its own certificate), HTTP/2 and the same slow-client bounds, and the
+/// connection guard's refusals are answered here too.
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    options: ServeOptions,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) {
+    let service = edge::listener::HttpService::new(
+        tower::ServiceBuilder::new()
+            .layer(pipeline::step::StepLayer::new(edge::framing::Smuggling))
+            .service(app),
+    );
+    edge::listener::serve(listener, service, options, stopped).await;
+}
+
+/// The pool and the retry state (budget, breaker) of every configured upstream, indexed alike.
+pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
+    config
+        .upstreams
+        .iter()
+        .map(|u| {
+            let dependency = Dependency::new(
+                u.name.as_str(),
+                u.endpoints.len(),
+                u.dedupes_idempotency_keys,
+                u.budget,
+                u.circuit_breaker,
+            )
+            .with_client_retry_window(u.client_retry_window);
+            let dependency = Arc::new(match u.adaptive {
+                Some(adaptive) => dependency.with_adaptive(adaptive),
+                None => dependency,
+            });
+            let hosts_file = config.discovery.hosts_file.as_deref();
+            let upstream = Upstream::new(u, hosts_file, dependency.clone());
+            (Arc::new(upstream), dependency)
+        })
+        .unzip()
+}
+
+/// The admin listener's app: operations routes, plus the admin API when a token is set.
+/// Without a token the admin API is not served at all (404 problem saying why) rather than
+/// refusing to start the gateway: the proxy and `/metrics` stay useful, and the embedded
+/// default must run for a newcomer who has not set a token.
+fn admin_router(
+    config: &Config,
+    stores: &Stores,
+    upstreams: Arc<dyn admin::UpstreamsView>,
+    ops: axum::Router,
+) -> axum::Router {
+    let Some(token) = &config.admin_token else {
+        tracing::warn!(
+            "admin API disabled: {} is not set; the admin listener serves only /healthz, /readyz and /metrics",
+            config::ENV_ADMIN_TOKEN
+        );
+        return ops.merge(admin::disabled_router());
+    };
+    let routes = config
+        .routes
+        .iter()
+        .map(|r| admin::ConfiguredRoute {
+            name: r.name.clone(),
+            cost: r.cost,
+        })
+        .collect();
+    tracing::info!(base = admin::BASE, "admin API enabled (bearer token)");
+    // With shared rate-limit state the replicas also share their throttled-tenant counts.
+    let options = ConnectOptions::default();
+    let board_client = match &config.storage.state {
+        StateBackend::Memory => None,
+        StateBackend::Redis(url) => RedisClient::single(url, &options).ok(),
+        StateBackend::RedisCluster(nodes) => RedisClient::cluster(nodes, &options).ok(),
+    };
+    let throttled_board = board_client.map(|client| {
+        Arc::new(throttled_board::RedisBoard::new(client))
+            as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
+    });
+    ops.merge(admin::router(admin::AdminContext {
+        db: stores.db.clone(),
+        directory: stores.directory.clone(),
+        limiter: stores.limiter.clone(),
+        idempotency: stores.idempotency.clone(),
+        token: Arc::from(token.expose()),
+        routes,
+        upstreams,
+        throttled_board,
+    }))
+    // The console is a client of the admin API, so it is served only where the API is.
+    .merge(portcullis_control::console::router())
+}
+
+/// The file's tenants as the control plane seeds them (keys borrowed, never copied).
+pub(crate) fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed<'_>> {
+    tenants
+        .iter()
+        .map(|t| TenantSeed {
+            id: &t.id,
+            api_keys: t.api_keys.iter().map(config::Secret::expose).collect(),
+            rate: t.bucket.rate,
+            per: t.bucket.per,
+            burst: t.bucket.burst,
+            daily_quota: t.daily_quota,
+            monthly_quota: t.monthly_quota,
+            max_in_flight: t.max_in_flight,
+        })
+        .collect()
+}
+
+/// Open connections at most on the admin listener: apart from the proxy listener's cap, so
+/// health checks and `/metrics` stay reachable when the proxy listener is full.
+const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// File descriptors kept for everything but client connections (upstream pools, stores,
+/// the database, logs).
+const RESERVED_DESCRIPTORS: u64 = 1024;
+
+/// The two listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listener {
+    Proxy,
+    Admin,
+}
+
+/// Listener settings from `[server]`, terminating TLS when the listener's table is set.
+/// The Redis deployments readiness depends on (state and idempotency, each once). Does no
+/// I/O: `/readyz` connects and pings, and on a cluster every master must answer.
+fn redis_health_clients(config: &Config) -> Result<Vec<RedisClient>, redis::RedisError> {
+    let options = ConnectOptions::default();
+    let mut clients = Vec::new();
+    match &config.storage.state {
+        StateBackend::Memory => {}
+        StateBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
+        StateBackend::RedisCluster(nodes) => clients.push(RedisClient::cluster(nodes, &options)?),
+    }
+    if IdempotencyBackend::from(&config.storage.state) != config.storage.idempotency {
+        match &config.storage.idempotency {
+            IdempotencyBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
+            IdempotencyBackend::RedisCluster(nodes) => {
+                clients.push(RedisClient::cluster(nodes, &options)?)
+            }
+            IdempotencyBackend::Memory | IdempotencyBackend::Postgres(_) => {}
+        }
+    }
+    Ok(clients)
+}
+
+fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, StartError> {
+    let (name, cert, what, max_connections) = match listener {
+        Listener::Proxy => (
+            "proxy",
+            config.server.tls.as_ref(),
+            "server.tls",
+            config.server.max_connections,
+        ),
+        Listener::Admin => (
+            "admin",
+            config.server.admin_tls.as_ref(),
+            "server.admin_tls",
+            ADMIN_MAX_CONNECTIONS,
+        ),
+    };
+    let tls = cert
+        .map(|cert| tls::acceptor(cert.clone()))
+        .transpose()
+        .map_err(|source| StartError::Tls { what, source })?;
+    Ok(ServeOptions {
+        name,
+        header_read_timeout: config.server.header_read_timeout,
+        keep_alive_timeout: config.server.keep_alive_timeout,
+        send_timeout: config.server.send_timeout,
+        max_connections,
+        max_header_bytes: config.server.max_header_bytes,
+        shutdown_grace: config.server.shutdown_grace,
+        h2c: config.server.h2c,
+        http2: config.server.http2,
+        tls,
+    })
+}
+
+/// Raises the soft open-files limit toward the hard one when the connection caps need
+/// more, and warns when even the hard limit is too low: past it, accepting fails and
+/// connections beyond the cap are never reached.
+fn ensure_descriptors(connections: usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let needed = connections as u64 + RESERVED_DESCRIPTORS;
+    let limit = getrlimit(Resource::Nofile);
+    let current = limit.current.unwrap_or(u64::MAX);
+    if current >= needed {
+        return;
+    }
+    let target = limit.maximum.unwrap_or(u64::MAX).min(needed);
+    let raised = rustix::process::Rlimit {
+        current: Some(target),
+        maximum: limit.maximum,
+    };
+    let now = if target > current && setrlimit(Resource::Nofile, raised).is_ok() {
+        target
+    } else {
+        current
+    };
+    if now < needed {
+        tracing::warn!(
+            open_files = now,
+            needed,
+            "server.max_connections = {}: the open-files limit is too low for it; raise `ulimit -n` or lower the cap",
+            connections.saturating_sub(ADMIN_MAX_CONNECTIONS)
+        );
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, what, source })
+}
