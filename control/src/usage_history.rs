@@ -23,16 +23,16 @@ use serde::Serialize;
 use crate::directory::{Directory, Snapshot, Tenant};
 
 /// Width of one point of the history.
-pub const BUCKET: Duration = Duration::from_secs(10);
+pub(crate) const BUCKET: Duration = Duration::from_secs(10);
 /// Points kept per tenant: 10 minutes of 10-second buckets.
-pub const POINTS: usize = 60;
+pub(crate) const POINTS: usize = 60;
 /// How often the background task reads the tenants' counters: a fraction of a bucket, so a
 /// 429 lands in the bucket it happened in, give or take this.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// How often this replica's window totals are published for the fleet view.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(5);
 /// Tenants published per replica: the fleet view shows the top ones only.
-pub const PUBLISH_TOP: usize = 100;
+pub(crate) const PUBLISH_TOP: usize = 100;
 
 /// Index of the bucket holding `since_epoch` (seconds since the epoch / bucket width).
 pub(crate) fn bucket_of(since_epoch: Duration) -> u64 {
@@ -76,6 +76,8 @@ impl Series {
     /// Counts not sampled yet: the counter only grows, but a tenant deleted and created
     /// again starts from zero, which then counts as all new.
     fn pending(&self, total: u64) -> u64 {
+        // A total below the sampled one is a tenant re-created (its counter restarted), not
+        // a race: totals are read under the lock the samples are written under.
         total.checked_sub(self.sampled_total).unwrap_or(total)
     }
 
@@ -113,6 +115,33 @@ pub(crate) struct History {
     pub rejected_total: u64,
 }
 
+impl History {
+    /// The [`POINTS`] points ending at `bucket`, from sampled `counts` by bucket and the
+    /// `pending` count not yet sampled (in the current bucket).
+    fn of(
+        tenant: &str,
+        bucket: u64,
+        counts: &HashMap<u64, u64>,
+        pending: u64,
+        rejected_total: u64,
+    ) -> Self {
+        let first = bucket.saturating_sub(POINTS as u64 - 1);
+        let points = (first..=bucket)
+            .map(|b| Point {
+                start: b * BUCKET.as_secs(),
+                rejected: counts.get(&b).copied().unwrap_or(0)
+                    + if b == bucket { pending } else { 0 },
+            })
+            .collect();
+        Self {
+            tenant: tenant.to_owned(),
+            interval_secs: BUCKET.as_secs(),
+            points,
+            rejected_total,
+        }
+    }
+}
+
 /// A tenant's 429s in the window.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Throttled {
@@ -135,12 +164,21 @@ pub trait ThrottledBoard: Send + Sync {
 
 /// The board's store failed.
 #[derive(Debug, thiserror::Error)]
-#[error("throttled-tenants board unavailable: {0}")]
-pub struct BoardError(pub String);
+#[non_exhaustive]
+pub enum BoardError {
+    /// The store answered with an error, or could not be reached.
+    // The store's error is said in the message (it is what `fleet_error` shows), not
+    // chained as a source, so a reporter walking the chain does not say it twice.
+    #[error("throttled-tenants board unavailable: {0}")]
+    Unavailable(Box<dyn std::error::Error + Send + Sync>),
+    /// The store did not answer within the bound.
+    #[error("throttled-tenants board did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
 
 /// Every tenant's 429 history on this replica.
 #[derive(Debug)]
-pub struct UsageHistory {
+pub(crate) struct UsageHistory {
     directory: Arc<Directory>,
     series: Mutex<HashMap<Arc<str>, Series>>,
     /// This replica's id on the board (random per process).
@@ -153,7 +191,7 @@ pub struct UsageHistory {
 
 impl UsageHistory {
     /// An empty history of `directory`'s tenants.
-    pub fn new(directory: Arc<Directory>) -> Self {
+    pub(crate) fn new(directory: Arc<Directory>) -> Self {
         Self {
             directory,
             series: Mutex::default(),
@@ -193,26 +231,20 @@ impl UsageHistory {
 
     /// `tenant`'s history as of `bucket`.
     pub(crate) fn history(&self, tenant: &Tenant, bucket: u64) -> History {
-        let total = tenant.rate_limited_total();
         let series = self.lock();
+        // Read under the lock, so a sample taken meanwhile cannot be ahead of `total`.
+        let total = tenant.rate_limited_total();
         let (counts, pending) = match series.get(&tenant.id) {
             Some(s) => (s.buckets.iter().copied().collect(), s.pending(total)),
             None => (HashMap::new(), total),
         };
-        let first = bucket.saturating_sub(POINTS as u64 - 1);
-        let points = (first..=bucket)
-            .map(|b| Point {
-                start: b * BUCKET.as_secs(),
-                rejected: counts.get(&b).copied().unwrap_or(0)
-                    + if b == bucket { pending } else { 0 },
-            })
-            .collect();
-        History {
-            tenant: tenant.id.to_string(),
-            interval_secs: BUCKET.as_secs(),
-            points,
-            rejected_total: total,
-        }
+        History::of(&tenant.id, bucket, &counts, pending, total)
+    }
+
+    /// The history of a tenant this replica has not loaded yet (its snapshot is up to a
+    /// poll behind the database): nothing counted.
+    pub(crate) fn nothing_yet(&self, id: &str, bucket: u64) -> History {
+        History::of(id, bucket, &HashMap::new(), 0, 0)
     }
 
     /// This replica's tenants with 429s in the window ending at `bucket`, most first (ties
@@ -240,7 +272,7 @@ impl UsageHistory {
     /// Samples every [`SAMPLE_EVERY`] and, with a board, publishes every [`PUBLISH_EVERY`],
     /// until the history is dropped (`this` is the only strong reference the task holds
     /// between ticks, so the task ends with the admin router).
-    pub async fn run(this: std::sync::Weak<Self>, board: Option<Arc<dyn ThrottledBoard>>) {
+    pub(crate) async fn run(this: std::sync::Weak<Self>, board: Option<Arc<dyn ThrottledBoard>>) {
         let mut ticker = tokio::time::interval(SAMPLE_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let publish_every = PUBLISH_EVERY.as_secs() / SAMPLE_EVERY.as_secs();

@@ -3,7 +3,8 @@
 //!
 //! One hash, one field per replica holding `{"at": <unix secs>, "counts": [[tenant, n], …]}`.
 //! One key keeps it on one slot of a Redis Cluster; a field older than [`STALE`] (a replica
-//! gone) is ignored and removed by the next reader, and the whole key expires when no
+//! gone) is ignored, and removed by every publisher and reader, so the hash holds only the
+//! replicas of the last [`STALE`] even through a crash loop; the whole key expires when no
 //! replica publishes. Publishing runs in the admin API's background task, never on the
 //! request path.
 
@@ -49,7 +50,7 @@ impl RedisBoard {
             .conn
             .get_or_try_init(|| self.client.connect())
             .await
-            .map_err(|e| BoardError(e.to_string()))?;
+            .map_err(unavailable)?;
         Ok(conn.clone())
     }
 }
@@ -64,7 +65,41 @@ async fn bounded<T>(
 ) -> Result<T, BoardError> {
     tokio::time::timeout(TIMEOUT, work)
         .await
-        .map_err(|_| BoardError(format!("no answer within {TIMEOUT:?}")))?
+        .map_err(|_| BoardError::Timeout(TIMEOUT))?
+}
+
+fn unavailable(err: impl std::error::Error + Send + Sync + 'static) -> BoardError {
+    BoardError::Unavailable(Box::new(err))
+}
+
+/// The live replicas' publications; the stale fields are removed on the way.
+async fn live(conn: &mut RedisConnection) -> Result<Vec<(String, Vec<(String, u64)>)>, BoardError> {
+    let all: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(KEY)
+        .query_async(conn)
+        .await
+        .map_err(unavailable)?;
+    let oldest = now_secs().saturating_sub(STALE.as_secs());
+    let mut live = Vec::new();
+    let mut stale = Vec::new();
+    for (replica, json) in all {
+        match serde_json::from_str::<Entry>(&json) {
+            Ok(entry) if entry.at >= oldest => live.push((replica, entry.counts)),
+            // Stale, or written by something else: never summed.
+            _ => stale.push(replica),
+        }
+    }
+    if !stale.is_empty() {
+        let removed: Result<(), _> = redis::cmd("HDEL")
+            .arg(KEY)
+            .arg(&stale)
+            .query_async(conn)
+            .await;
+        if let Err(err) = removed {
+            tracing::debug!(%err, "removing stale throttled-tenant entries failed");
+        }
+    }
+    Ok(live)
 }
 
 #[async_trait]
@@ -74,7 +109,7 @@ impl ThrottledBoard for RedisBoard {
             at: now_secs(),
             counts: counts.to_vec(),
         };
-        let json = serde_json::to_string(&entry).map_err(|e| BoardError(e.to_string()))?;
+        let json = serde_json::to_string(&entry).map_err(unavailable)?;
         bounded(async {
             let mut conn = self.connection().await?;
             redis::pipe()
@@ -85,7 +120,9 @@ impl ThrottledBoard for RedisBoard {
                 .ignore()
                 .query_async::<()>(&mut conn)
                 .await
-                .map_err(|e| BoardError(e.to_string()))
+                .map_err(unavailable)?;
+            // Replicas that stopped publishing leave with the next publication of any other.
+            live(&mut conn).await.map(drop)
         })
         .await
     }
@@ -93,32 +130,7 @@ impl ThrottledBoard for RedisBoard {
     async fn read(&self) -> Result<Vec<(String, Vec<(String, u64)>)>, BoardError> {
         bounded(async {
             let mut conn = self.connection().await?;
-            let all: Vec<(String, String)> = redis::cmd("HGETALL")
-                .arg(KEY)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| BoardError(e.to_string()))?;
-            let oldest = now_secs().saturating_sub(STALE.as_secs());
-            let mut live = Vec::new();
-            let mut stale = Vec::new();
-            for (replica, json) in all {
-                match serde_json::from_str::<Entry>(&json) {
-                    Ok(entry) if entry.at >= oldest => live.push((replica, entry.counts)),
-                    // Stale, or written by something else: never summed.
-                    _ => stale.push(replica),
-                }
-            }
-            if !stale.is_empty() {
-                let removed: Result<(), _> = redis::cmd("HDEL")
-                    .arg(KEY)
-                    .arg(&stale)
-                    .query_async(&mut conn)
-                    .await;
-                if let Err(err) = removed {
-                    tracing::debug!(%err, "removing stale throttled-tenant entries failed");
-                }
-            }
-            Ok(live)
+            live(&mut conn).await
         })
         .await
     }

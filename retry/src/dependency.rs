@@ -166,7 +166,6 @@ impl Dependency {
         self.dedupes_idempotency_keys
     }
 
-    /// The upstream's retry budget.
     /// Attempts per original request over the retry budget's window (1.0 = no retries);
     /// `None` before any request in the window. Read by the admin API, never per request.
     pub fn retry_amplification(&self) -> Option<f64> {
@@ -175,6 +174,7 @@ impl Dependency {
             .then(|| (window.requests + window.retries) as f64 / window.requests as f64)
     }
 
+    /// The upstream's retry budget.
     pub(crate) fn budget(&self) -> &RetryBudget {
         &self.budget
     }

@@ -16,7 +16,7 @@ use super::validate::Fields;
 use super::AdminState;
 use crate::usage_history::{fleet_top, BUCKET, POINTS, PUBLISH_TOP};
 
-/// Default and largest `limit` of the top-throttled view.
+/// Default `limit` of the top-throttled view (the largest is [`PUBLISH_TOP`]).
 const DEFAULT_TOP: u64 = 10;
 
 /// The tenant's history on the answering replica.
@@ -26,14 +26,13 @@ pub(super) async fn get(
 ) -> Result<Response<Body>, AdminError> {
     require_tenant(&state, &id).await?;
     let snapshot = state.directory.snapshot();
+    let bucket = state.history.current_bucket();
     // The replica that created the tenant reloaded before answering; another replica may be
     // up to a poll behind, and then has counted nothing for it yet.
-    let Some(tenant) = snapshot.by_id(&id) else {
-        return Err(AdminError::no_tenant(&id));
+    let history = match snapshot.by_id(&id) {
+        Some(tenant) => state.history.history(tenant, bucket),
+        None => state.history.nothing_yet(&id, bucket),
     };
-    let history = state
-        .history
-        .history(tenant, state.history.current_bucket());
     Ok(Json(history).into_response())
 }
 

@@ -17,11 +17,11 @@ use axum::Router;
 use http::{header, HeaderName, HeaderValue, Response};
 
 /// Where the console is served.
-pub const PATH: &str = "/console";
+pub(crate) const PATH: &str = "/console";
 
 /// The policy of every console response: the page may load its own script, style and
 /// `data:` images, and talk to its own origin; nothing else, never framed.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -35,18 +35,18 @@ pub fn router() -> Router {
             get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }),
         )
         .route(
-            "/console/",
+            &format!("{PATH}/"),
             get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }),
         )
         .route(
-            "/console/app.js",
+            &format!("{PATH}/app.js"),
             get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }),
         )
         .route(
-            "/console/app.css",
+            &format!("{PATH}/app.css"),
             get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }),
         )
-        .route("/console/{*rest}", get(not_found))
+        .route(&format!("{PATH}/{{*rest}}"), get(not_found))
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response<Body> {

@@ -160,11 +160,13 @@ impl AdminStore {
             sql.push_str(&format!(" AND id > ${}", args.len()));
         }
         if let Some(search) = search {
-            // LOWER on both sides: SQLite's LIKE ignores ASCII case, PostgreSQL's does not.
-            args.push(Arg::Text(like_contains(&search.to_ascii_lowercase())));
+            // LOWER on both sides, by the database: SQLite's LIKE ignores ASCII case,
+            // PostgreSQL's does not, and only the database folds case as its column does
+            // (PostgreSQL folds non-ASCII letters too).
+            args.push(Arg::Text(like_contains(search)));
             let n = args.len();
             sql.push_str(&format!(
-                " AND (LOWER(id) LIKE ${n} ESCAPE '\\' OR LOWER(name) LIKE ${n} ESCAPE '\\')"
+                " AND (LOWER(id) LIKE LOWER(${n}) ESCAPE '\\' OR LOWER(name) LIKE LOWER(${n}) ESCAPE '\\')"
             ));
         }
         args.push(Arg::I64(page_fetch(limit)));

@@ -535,6 +535,15 @@ async fn search_matches_id_or_name_ignoring_case_and_wildcards(f: Fixture) {
     assert_eq!(ids(search("%").await.unwrap()), Vec::<String>::new());
     // Names match too ("globex inc").
     assert_eq!(ids(search("x inc").await.unwrap()), ["globex"]);
+    // A non-ASCII name matches itself spelled the same on both databases (case folding
+    // beyond ASCII is the database's own).
+    let ecole = NewTenant {
+        name: "ÉCOLE Lyon".into(),
+        ..new_tenant("ecole", 10, 20)
+    };
+    f.store.create_tenant("a", &ecole).await.unwrap();
+    assert_eq!(ids(search("ÉCOLE").await.unwrap()), ["ecole"]);
+    assert_eq!(ids(search("École LYON").await.unwrap()), ["ecole"]);
     // Paging within a search.
     let first = f.store.list_tenants(1, None, Some("acme")).await.unwrap();
     let cursor = first.next_cursor.clone().unwrap();

@@ -124,12 +124,23 @@ const pages = { tenants: refreshTenants, keys: loadKeys, usage: loadUsage, upstr
 
 function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
 
+// Bumped by show(): a load that began on an earlier page must not start polling on this one.
+let visit = 0;
+
+/** Polls `task` every `ms` if the page that began the load at `since` is still shown. */
+function startPolling(since, task, ms) {
+  if (since !== visit) return;
+  stopPolling();
+  poller = setInterval(task, ms);
+}
+
 function show() {
   const signedIn = token !== "";
   $("login-page").hidden = signedIn;
   $("nav").hidden = !signedIn;
   $("logout").hidden = !signedIn;
   stopPolling();
+  visit += 1;
   const name = signedIn ? (location.hash.slice(1).split("/")[0] || "tenants") : "";
   for (const page of document.querySelectorAll(".page")) page.hidden = page.id !== `page-${name}`;
   for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("active", link.dataset.page === name);
@@ -406,9 +417,9 @@ async function refreshUsage() {
 }
 
 async function loadUsage() {
+  const since = visit;
   await refreshUsage();
-  stopPolling();
-  poller = setInterval(() => refreshUsage().catch((e) => { stopPolling(); showErrors(document, e); }), POLL_MS);
+  startPolling(since, () => refreshUsage().catch((e) => { stopPolling(); showErrors(document, e); }), POLL_MS);
 }
 
 $("usage-form").addEventListener("submit", (event) => { event.preventDefault(); loadUsage().catch((e) => showErrors(document, e)); });
@@ -429,8 +440,9 @@ async function loadUpstreams() {
     el("td", u.latency ? `${u.latency.p99_ms.toFixed(1)} ms` : "– (under 100 attempts)"),
     el("td", `${u.attempt_timeout_ms} ms`),
     el("td", null, {}, ...u.endpoints.map((e) => el("div", `${e.url} ${e.state}${e.ejected_for_ms ? ` (${Math.ceil(e.ejected_for_ms / 1000)} s)` : ""}, ${e.in_flight} in flight`, { class: `endpoint ${e.state}` }))))));
+  const since = visit;
   render(await api("GET", "/upstreams"));
-  poller = setInterval(() => api("GET", "/upstreams").then(render).catch(() => stopPolling()), POLL_MS * 2);
+  startPolling(since, () => api("GET", "/upstreams").then(render).catch(() => stopPolling()), POLL_MS * 2);
 }
 
 // ---- audit ------------------------------------------------------------------------------

@@ -2,67 +2,25 @@
 //! pipeline built, the background tasks spawned, both listeners served, then the drain and
 //! an orderly stop. Each step is a function here; `run` reads as the sequence.
 
+mod admin;
+mod error;
+mod stores;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+pub use error::StartError;
+pub(crate) use stores::tenant_seeds;
+use stores::Stores;
 
 use crate::config::{Config, IdempotencyBackend, StateBackend};
 use crate::edge::listener::ServeOptions;
 use crate::edge::ops::Health;
 use crate::upstream::proxy::Upstream;
-use crate::{banner, config, edge, pipeline, stack, telemetry, throttled_board, tls, upstream};
-use portcullis_control::{admin, Database, DbError, Directory, TenantSeed};
+use crate::{banner, edge, pipeline, stack, telemetry, tls, upstream};
 use portcullis_redis::{ConnectOptions, RedisClient};
 use portcullis_retry::Dependency;
-
-/// Why the gateway could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// The configuration database failed.
-    #[error(transparent)]
-    Database(#[from] DbError),
-    /// The configuration database could not be opened: names the field and its value
-    /// (password redacted); the source says which file and why.
-    #[error("storage.database = \"{url}\"")]
-    OpenDatabase {
-        /// `storage.database` as configured, password redacted.
-        url: String,
-        /// Why it could not be opened.
-        source: DbError,
-    },
-    /// A listener could not bind. The message starts with the field, as configuration
-    /// errors do, and keeps "cannot listen" (the test kit retries on it).
-    #[error("{what} = {addr}: cannot listen")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Which listener.
-        what: &'static str,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The idempotency store could not be built.
-    #[error(transparent)]
-    Idempotency(#[from] pipeline::idempotency::IdempotencyStoreError),
-    /// The rate limiter could not be built.
-    #[error("storage.state: {0}")]
-    RateLimit(#[from] portcullis_ratelimit::LimiterError),
-    /// A Redis URL could not be used.
-    #[error("storage: invalid Redis URL: {0}")]
-    Redis(#[from] redis::RedisError),
-    /// The OTLP trace exporter could not be built.
-    #[error(transparent)]
-    Telemetry(#[from] telemetry::export::ExportSetupError),
-    /// A listener's TLS configuration could not be built.
-    #[error("{what}: {source}")]
-    Tls {
-        /// Which listener's TLS table.
-        what: &'static str,
-        /// rustls' reason.
-        source: rustls::Error,
-    },
-}
 
 /// Starts everything the configuration asks for and serves until `shutdown` resolves; then
 /// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
@@ -125,8 +83,8 @@ pub async fn run(
     banner::print(&config);
 
     let ops = edge::ops::router(health.clone(), metrics);
-    let admin_app = admin_router(&config, &stores, admin_upstreams, ops);
-    let admin = tokio::spawn(serve_admin(
+    let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
+    let admin = tokio::spawn(admin::serve(
         admin_listener,
         admin_app,
         admin_options,
@@ -157,62 +115,6 @@ fn stopped(stop: &tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()
     }
 }
 
-/// What the gateway keeps state in: the database (tenants, keys, quotas, audit), the tenant
-/// directory read on the request path, the idempotency store and the rate limiter.
-struct Stores {
-    db: Database,
-    directory: Arc<Directory>,
-    idempotency: Arc<dyn portcullis_idempotency::Store>,
-    limiter: Arc<dyn portcullis_ratelimit::Limiter>,
-}
-
-impl Stores {
-    /// Opens the database (seeding the file's tenants), the directory and both stores.
-    async fn open(config: &Config) -> Result<Self, StartError> {
-        let db = match &config.storage.database {
-            config::DatabaseBackend::Sqlite(path) => Database::sqlite(path).await,
-            config::DatabaseBackend::Postgres(url) => Database::postgres(url).await,
-        }
-        .map_err(|source| StartError::OpenDatabase {
-            url: format!("{:?}", config.storage.database),
-            source,
-        })?;
-        db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
-        Ok(Self {
-            directory: Arc::new(Directory::open(&db).await?),
-            idempotency: pipeline::idempotency::build_store(config).await?,
-            limiter: pipeline::ratelimit::build_limiter(config)?,
-            db,
-        })
-    }
-
-    /// After the listeners have drained.
-    async fn close(self) {
-        // Batched rate limiting: unspent leases go back to the shared store, bounded so a
-        // dead store cannot hold the exit (unreturned tokens lapse; see the ratelimit crate).
-        let release = self.limiter.release();
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), release).await;
-        self.db.close().await;
-    }
-}
-
-/// Serves the admin listener until `stopped`: the same accept loop as the proxy listener,
-/// so it gets TLS (its own certificate), HTTP/2 and the same slow-client bounds, and the
-/// connection guard's refusals are answered here too.
-async fn serve_admin(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    options: ServeOptions,
-    stopped: impl Future<Output = ()> + Send + 'static,
-) {
-    let service = edge::listener::HttpService::new(
-        tower::ServiceBuilder::new()
-            .layer(pipeline::step::StepLayer::new(edge::framing::Smuggling))
-            .service(app),
-    );
-    edge::listener::serve(listener, service, options, stopped).await;
-}
-
 /// The pool and the retry state (budget, breaker) of every configured upstream, indexed alike.
 pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
     config
@@ -238,74 +140,6 @@ pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Depende
         .unzip()
 }
 
-/// The admin listener's app: operations routes, plus the admin API when a token is set.
-/// Without a token the admin API is not served at all (404 problem saying why) rather than
-/// refusing to start the gateway: the proxy and `/metrics` stay useful, and the embedded
-/// default must run for a newcomer who has not set a token.
-fn admin_router(
-    config: &Config,
-    stores: &Stores,
-    upstreams: Arc<dyn admin::UpstreamsView>,
-    ops: axum::Router,
-) -> axum::Router {
-    let Some(token) = &config.admin_token else {
-        tracing::warn!(
-            "admin API disabled: {} is not set; the admin listener serves only /healthz, /readyz and /metrics",
-            config::ENV_ADMIN_TOKEN
-        );
-        return ops.merge(admin::disabled_router());
-    };
-    let routes = config
-        .routes
-        .iter()
-        .map(|r| admin::ConfiguredRoute {
-            name: r.name.clone(),
-            cost: r.cost,
-        })
-        .collect();
-    tracing::info!(base = admin::BASE, "admin API enabled (bearer token)");
-    // With shared rate-limit state the replicas also share their throttled-tenant counts.
-    let options = ConnectOptions::default();
-    let board_client = match &config.storage.state {
-        StateBackend::Memory => None,
-        StateBackend::Redis(url) => RedisClient::single(url, &options).ok(),
-        StateBackend::RedisCluster(nodes) => RedisClient::cluster(nodes, &options).ok(),
-    };
-    let throttled_board = board_client.map(|client| {
-        Arc::new(throttled_board::RedisBoard::new(client))
-            as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
-    });
-    ops.merge(admin::router(admin::AdminContext {
-        db: stores.db.clone(),
-        directory: stores.directory.clone(),
-        limiter: stores.limiter.clone(),
-        idempotency: stores.idempotency.clone(),
-        token: Arc::from(token.expose()),
-        routes,
-        upstreams,
-        throttled_board,
-    }))
-    // The console is a client of the admin API, so it is served only where the API is.
-    .merge(portcullis_control::console::router())
-}
-
-/// The file's tenants as the control plane seeds them (keys borrowed, never copied).
-pub(crate) fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed<'_>> {
-    tenants
-        .iter()
-        .map(|t| TenantSeed {
-            id: &t.id,
-            api_keys: t.api_keys.iter().map(config::Secret::expose).collect(),
-            rate: t.bucket.rate,
-            per: t.bucket.per,
-            burst: t.bucket.burst,
-            daily_quota: t.daily_quota,
-            monthly_quota: t.monthly_quota,
-            max_in_flight: t.max_in_flight,
-        })
-        .collect()
-}
-
 /// Open connections at most on the admin listener: apart from the proxy listener's cap, so
 /// health checks and `/metrics` stay reachable when the proxy listener is full.
 const ADMIN_MAX_CONNECTIONS: usize = 256;
@@ -320,7 +154,6 @@ enum Listener {
     Admin,
 }
 
-/// Listener settings from `[server]`, terminating TLS when the listener's table is set.
 /// The Redis deployments readiness depends on (state and idempotency, each once). Does no
 /// I/O: `/readyz` connects and pings, and on a cluster every master must answer.
 fn redis_health_clients(config: &Config) -> Result<Vec<RedisClient>, redis::RedisError> {
@@ -343,6 +176,7 @@ fn redis_health_clients(config: &Config) -> Result<Vec<RedisClient>, redis::Redi
     Ok(clients)
 }
 
+/// Listener settings from `[server]`, terminating TLS when the listener's table is set.
 fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, StartError> {
     let (name, cert, what, max_connections) = match listener {
         Listener::Proxy => (
