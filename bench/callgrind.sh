@@ -110,9 +110,9 @@ for mode in "${MODES[@]}"; do
     done
     ((ready)) || { echo "$mode: gateway not ready" >&2; tail -20 "$TMP/$mode.log" >&2; exit 1; }
     drive "$mode" "$WARMUP" warm
-    callgrind_control -z "$GW_PID" >/dev/null
+    callgrind_control -z "$GW_PID" >/dev/null 2>&1
     drive "$mode" "$N" run
-    callgrind_control -d "$GW_PID" >/dev/null
+    callgrind_control -d "$GW_PID" >/dev/null 2>&1
     kill "$GW_PID"
     wait "$GW_PID" 2>/dev/null || true
     # The first dump after zeroing is part 1 (the final dump at exit comes after it).
