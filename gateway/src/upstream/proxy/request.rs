@@ -1,16 +1,19 @@
 //! The request an attempt sends: the client's, rewritten for the chosen endpoint (target,
 //! `Host`, `X-Forwarded-*`).
 
+use std::io::Write as _;
+
+use axum::body::Body;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Request, Uri};
+use http::{HeaderMap, Request, Uri};
 
 use super::{ProxyError, ProxyErrorKind};
 use crate::config::PathRule;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
 use crate::upstream::balance::Address;
-use axum::body::Body;
+use crate::upstream::forwarded::Client;
 
 /// Rewrites the request for the chosen endpoint.
 pub(super) fn prepare(
@@ -43,8 +46,7 @@ pub(super) fn prepare(
     // at the edge, and no layer since adds one: nothing to strip again on this hop.
     parts.headers.insert(header::HOST, address.host.clone());
     let client = &context.client;
-    let chain = client.forwarded_for(&parts.headers);
-    if let Ok(value) = HeaderValue::from_str(&chain) {
+    if let Some(value) = forwarded_for(client, &parts.headers) {
         parts.headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     if !(client.peer_trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -64,6 +66,20 @@ pub(super) fn prepare(
         }
     }
     Ok(Request::from_parts(parts, body))
+}
+
+/// The `X-Forwarded-For` to send (see [`Client::forwarded_for`]). Usually only the peer:
+/// formatted on the stack, so the value is the one allocation.
+fn forwarded_for(client: &Client, headers: &HeaderMap) -> Option<HeaderValue> {
+    if client.peer_trusted && headers.contains_key(&X_FORWARDED_FOR) {
+        return HeaderValue::from_str(&client.forwarded_for(headers)).ok();
+    }
+    // The longest IPv6 text is 45 bytes.
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    write!(cursor, "{}", client.peer).ok()?;
+    let len = usize::try_from(cursor.position()).ok()?;
+    HeaderValue::from_bytes(buf.get(..len)?).ok()
 }
 
 /// The path the upstream receives: as the client sent it (normalised), or with the matched
@@ -114,6 +130,31 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_for_is_the_peer_or_the_trusted_chain_plus_the_peer() {
+        let client = |peer: &str, peer_trusted| Client {
+            ip: peer.parse().unwrap(),
+            peer: peer.parse().unwrap(),
+            peer_trusted,
+        };
+        let mut chain = HeaderMap::new();
+        chain.insert(
+            X_FORWARDED_FOR.clone(),
+            HeaderValue::from_static("203.0.113.9"),
+        );
+        let longest = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        for (client, headers, want) in [
+            (client("10.0.0.1", false), &chain, "10.0.0.1"),
+            (client(longest, false), &chain, longest),
+            (client("10.0.0.1", true), &HeaderMap::new(), "10.0.0.1"),
+            (client("10.0.0.1", true), &chain, "203.0.113.9, 10.0.0.1"),
+        ] {
+            let got = forwarded_for(&client, headers).unwrap();
+            assert_eq!(got, want);
+            assert_eq!(got, client.forwarded_for(headers).as_str());
+        }
+    }
 
     #[test]
     fn paths_with_and_without_stripping() {
