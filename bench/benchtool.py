@@ -9,6 +9,8 @@ Subcommands:
   strace-summary FILE N               -> syscalls per request and the top five (strace -c output)
   openloop --url U --control C ...    -> constant-rate (open-loop) client for the retry
                                          amplification scenario; prints one JSON line
+  fixed --port P --count N ...        -> exactly N requests over keep-alive connections
+                                         (bench/callgrind.sh); prints "sent ok other"
   summarize OUTDIR                    -> the markdown report of a run
 """
 
@@ -570,6 +572,68 @@ def openloop_summary(tsv, spec, conns, duration, rounds):
     print("\n".join(out))
 
 
+# ---------------------------------------------------------------------------- fixed-count client
+
+# A JSON body of exactly 62 bytes, as round 1 of the hot-path session measured.
+FIXED_BODY = b'{"item":"widget","quantity":3,"note":"portcullis bench 00001"}'
+
+
+async def _read_response(reader):
+    """Reads one HTTP/1.1 response (Content-Length or chunked); returns the status."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    length, chunked = 0, False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        for _ in range(1_000_000):  # bounded: a chunked body of at most 10^6 chunks
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    elif length:
+        await reader.readexactly(length)
+    return status
+
+
+async def _fixed(args):
+    """Exactly args.count requests over args.conns keep-alive connections, one at a time each."""
+    counts = Counter()
+    next_seq = iter(range(args.count))
+    auth = f"Authorization: Bearer {args.auth}\r\n" if args.auth else ""
+
+    def request(seq):
+        if args.method == "GET":
+            return f"GET {args.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode()
+        key = f"Idempotency-Key: {args.key_prefix}-{seq}\r\n" if args.key_prefix else ""
+        return (
+            f"POST {args.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{key}"
+            f"Content-Type: application/json\r\nContent-Length: {len(FIXED_BODY)}\r\n\r\n"
+        ).encode() + FIXED_BODY
+
+    async def conn():
+        reader, writer = await asyncio.open_connection("127.0.0.1", args.port)
+        try:
+            for seq in next_seq:
+                writer.write(request(seq))
+                status = await asyncio.wait_for(_read_response(reader), args.timeout)
+                counts["ok" if 200 <= status < 300 else "other"] += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(conn() for _ in range(args.conns)))
+    print(f"{args.count}\t{counts['ok']}\t{counts['other']}")
+    if counts["ok"] != args.count:
+        sys.exit(f"fixed: {counts['other']} of {args.count} answers were not 2xx")
+
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -617,6 +681,22 @@ def main():
         if a.rate <= 0 or a.rate > 2000 or a.warmup + a.outage + a.after > 300:
             sys.exit("openloop: rate must be in (0, 2000] and the schedule ≤ 300 s")
         asyncio.run(_openloop(a))
+    elif cmd == "fixed":
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="benchtool.py fixed")
+        ap.add_argument("--port", type=int, required=True)
+        ap.add_argument("--count", type=int, required=True)
+        ap.add_argument("--conns", type=int, default=8)
+        ap.add_argument("--method", choices=("GET", "POST"), default="GET")
+        ap.add_argument("--path", default="/x")
+        ap.add_argument("--auth", default="", help="bearer token")
+        ap.add_argument("--key-prefix", default="", help="send Idempotency-Key: PREFIX-SEQ")
+        ap.add_argument("--timeout", type=float, default=60)
+        a = ap.parse_args(args)
+        if not (0 < a.count <= 1_000_000 and 0 < a.conns <= 256):
+            sys.exit("fixed: count must be in 1..=10^6 and conns in 1..=256")
+        asyncio.run(_fixed(a))
     elif cmd == "summarize":
         summarize(args[0])
     else:

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use portcullis_control::cli as admin_cli;
 use portcullis_gateway::config::{self, Config, LogFormat, ProcessEnv};
+use portcullis_gateway::telemetry::fields::PlainFields;
 
 /// A faster allocator than glibc's for a proxy's many short-lived buffers: measured at about
 /// +14 % pass-through throughput (BENCHMARKS.md, malloc was 19 % of the profile).
@@ -118,14 +119,18 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Every log line, the banner and start-up errors on stderr, as nginx's error log and
     // Envoy do in containers; stdout carries only command output (check-config, admin).
+    // Colour only for a person at a terminal: escape codes in a file, a pipe or a
+    // container's log would garble every field.
+    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: escape codes in a file, a pipe or a
-        // container's log would garble every field.
-        .with_ansi(std::io::stderr().is_terminal());
+        .with_ansi(ansi);
     match format {
         LogFormat::Json => builder.json().init(),
+        // The same text as the default field formatter, at a fraction of its cost (the
+        // access log writes 18 fields per request).
+        LogFormat::Human if !ansi => builder.fmt_fields(PlainFields).init(),
         LogFormat::Human => builder.init(),
     }
 }

@@ -84,6 +84,8 @@ impl Prepared {
     /// taken, which the caller prevents by checking [`Prepared::is_replayable`]).
     pub(super) fn take(&mut self) -> Body {
         match self {
+            // An empty body stays the allocation-free `Body::empty()` (most GETs).
+            Self::Replayable(bytes) if bytes.is_empty() => Body::empty(),
             Self::Replayable(bytes) => Body::from(bytes.clone()),
             Self::Once(body) => body.take().unwrap_or_else(Body::empty),
         }

@@ -1,13 +1,13 @@
-//! `RetryLayer`: configuration shared by every `Retry<S>` it builds.
+//! `RetryLayer`: configuration shared by every [`Retry<S>`](crate::Retry) it builds (the
+//! `Layer` impl lives beside the service, so this module does not name it).
 
 #[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::{fmt, sync::Arc};
 
 use rand::{rngs::StdRng, SeedableRng};
-use tower::Layer;
 
-use super::{clock::WallClock, service::Retry, RetryTarget};
+use super::{clock::WallClock, RetryTarget};
 
 /// Tells whether a request holds the gateway's idempotency lock, from its extensions.
 pub type IsProtected = fn(&http::Extensions) -> bool;
@@ -100,14 +100,6 @@ impl RetryLayer {
                 next: AtomicU64::new(0),
             },
         )
-    }
-}
-
-impl<S> Layer<S> for RetryLayer {
-    type Service = Retry<S>;
-
-    fn layer(&self, inner: S) -> Retry<S> {
-        Retry::new(inner, self.shared.clone())
     }
 }
 

@@ -217,10 +217,12 @@ pub struct AttemptInfo {
     /// How long the retry layer waited before this attempt (zero for the first), for the
     /// attempt's trace span.
     pub backoff: std::time::Duration,
-    /// When the retry layer stops waiting for this attempt (its attempt timeout, within
-    /// the request's deadline): an attempt dropped at or after it timed out, which passive
-    /// health counts against the endpoint.
-    pub timeout_at: tokio::time::Instant,
+    /// When the retry layer stops waiting for this attempt, if that is the upstream's own
+    /// attempt timeout: an attempt dropped at or after it timed out, which passive health
+    /// counts against the endpoint. `None` when the request's deadline (which a client can
+    /// shorten with `X-Request-Deadline` or `grpc-timeout`) cut the attempt shorter: a
+    /// caller's own hurry says nothing about the endpoint.
+    pub timeout_at: Option<tokio::time::Instant>,
 }
 
 /// Request extension on a hedged first attempt: the upstream client records in it the

@@ -65,8 +65,8 @@ impl Health {
         let down: Vec<&str> = self
             .upstreams
             .iter()
-            .filter(|u| !u.any_usable())
-            .map(|u| u.name())
+            .filter(|u| !u.balancer().any_usable())
+            .map(|u| u.balancer().name())
             .collect();
         if !down.is_empty() {
             return Err(format!(

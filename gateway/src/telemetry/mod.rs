@@ -29,6 +29,7 @@ mod access;
 mod attempt;
 mod exchange;
 pub mod export;
+pub mod fields;
 pub mod series;
 mod traceparent;
 

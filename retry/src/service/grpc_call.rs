@@ -12,25 +12,26 @@ use crate::body;
 use crate::classify::AttemptOutcome;
 use crate::headers::{parse_deadline, X_REQUEST_DEADLINE};
 
-/// How an attempt's response ended: its status, or for a gRPC call the `grpc-status` of a
-/// Trailers-Only response, or (when `peek_until` is set) of trailers that arrive before any
-/// message; with the server's retry pushback. A peeked frame is put back in front of the
-/// body, so the client receives exactly what the backend sent.
-pub(super) async fn response_outcome(
+/// How an attempt's response ended, when its head tells: its status, or for a gRPC call the
+/// `grpc-status` of a Trailers-Only response, with the server's retry pushback. `None` for a
+/// gRPC 200 without `grpc-status`, whose outcome only its trailers can tell ([`peek`]).
+pub(super) fn head_outcome(rsp: &Response<Body>) -> Option<(AttemptOutcome, Option<Pushback>)> {
+    if rsp.status() != http::StatusCode::OK || !grpc::is_grpc(rsp.headers()) {
+        return Some((AttemptOutcome::Status(rsp.status()), None));
+    }
+    let code = GrpcCode::in_headers(rsp.headers())?;
+    Some((AttemptOutcome::Grpc(code), grpc::pushback(rsp.headers())))
+}
+
+/// The outcome of a gRPC 200 whose head did not tell ([`head_outcome`]): the `grpc-status`
+/// of trailers that arrive before any message and before `until`, with the server's
+/// pushback. A peeked frame is put back in front of the body, so the client receives
+/// exactly what the backend sent.
+pub(super) async fn peek(
     rsp: Response<Body>,
-    peek_until: Option<Instant>,
+    until: Instant,
 ) -> (AttemptOutcome, Response<Body>, Option<Pushback>) {
     let status = AttemptOutcome::Status(rsp.status());
-    if rsp.status() != http::StatusCode::OK || !grpc::is_grpc(rsp.headers()) {
-        return (status, rsp, None);
-    }
-    if let Some(code) = GrpcCode::in_headers(rsp.headers()) {
-        let pushback = grpc::pushback(rsp.headers());
-        return (AttemptOutcome::Grpc(code), rsp, pushback);
-    }
-    let Some(until) = peek_until else {
-        return (status, rsp, None);
-    };
     let (head, mut rest) = rsp.into_parts();
     match timeout_at(until, http_body_util::BodyExt::frame(&mut rest)).await {
         Ok(Some(Ok(frame))) => {

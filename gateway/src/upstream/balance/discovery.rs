@@ -18,7 +18,6 @@
 //! A new set is swapped in only when the addresses or weights changed; endpoints that stay
 //! keep their state (in-flight, latency, health, ejections).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,10 +25,8 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Uri};
-use tokio::sync::watch;
 
 use super::Address;
-use crate::upstream::proxy::Upstream;
 
 /// Bound on one name's resolution.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,41 +81,28 @@ pub(crate) struct FileState {
     good: Vec<(Uri, u32)>,
 }
 
-/// Keeps `upstream`'s endpoints current until `stop` turns true. The first refresh is done
-/// by the caller before serving (see `lib.rs`).
-pub(crate) async fn run(
-    upstream: Arc<Upstream>,
-    mut file: FileState,
-    mut stop: watch::Receiver<bool>,
-) {
-    let interval = upstream.sources().interval;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        refresh(&upstream, &mut file).await;
-    }
-}
-
-/// Re-reads the file and re-resolves names, then swaps in the result if it changed.
-pub(crate) async fn refresh(upstream: &Upstream, file: &mut FileState) {
-    let sources = upstream.sources();
+/// The endpoints `sources` name now (`file` caches the endpoints file), each name resolved
+/// again; `current` stands in for a name that fails to resolve. `None` when nothing was
+/// found: the caller keeps the previous set. `upstream` names it in logs.
+pub(crate) async fn next_endpoints(
+    upstream: &str,
+    sources: &Sources,
+    current: &[Arc<super::Endpoint>],
+    file: &mut FileState,
+) -> Option<Vec<(Address, u32)>> {
     if let Some(path) = &sources.file {
         if let Err(err) = read_file(path, file).await {
-            tracing::warn!(upstream = upstream.name(), %err, "endpoints_file: keeping the last good endpoints");
+            tracing::warn!(upstream, %err, "endpoints_file: keeping the last good endpoints");
         }
     }
-    let current = upstream.endpoint_set();
     let mut next: Vec<(Address, u32)> = Vec::new();
     for (uri, weight) in sources.entries.iter().chain(&file.good) {
         match addresses(uri, sources.hosts_file.as_deref()).await {
             Ok(list) => next.extend(list.into_iter().map(|a| (a, *weight))),
             Err(err) => {
-                tracing::warn!(upstream = upstream.name(), endpoint = %uri, %err, "cannot resolve; keeping its previous addresses");
+                tracing::warn!(upstream, endpoint = %uri, %err, "cannot resolve; keeping its previous addresses");
                 next.extend(
                     current
-                        .endpoints()
                         .iter()
                         .filter(|e| Some(&e.address.host) == host_header(uri).as_ref())
                         .map(|e| (e.address.clone(), *weight)),
@@ -131,12 +115,12 @@ pub(crate) async fn refresh(upstream: &Upstream, file: &mut FileState) {
     next.retain(|(a, _)| seen.insert(a.clone()));
     if next.is_empty() {
         tracing::warn!(
-            upstream = upstream.name(),
+            upstream,
             "discovery found no endpoint; keeping the previous ones"
         );
-        return;
+        return None;
     }
-    upstream.replace_endpoints(next);
+    Some(next)
 }
 
 async fn read_file(path: &Path, state: &mut FileState) -> Result<(), DiscoveryError> {
@@ -159,11 +143,11 @@ async fn read_file(path: &Path, state: &mut FileState) -> Result<(), DiscoveryEr
 }
 
 /// Loads the file at start-up (validation already parsed it once).
-pub(crate) async fn initial_file_state(upstream: &Upstream) -> FileState {
+pub(crate) async fn initial_file_state(upstream: &str, sources: &Sources) -> FileState {
     let mut state = FileState::default();
-    if let Some(path) = &upstream.sources().file {
+    if let Some(path) = &sources.file {
         if let Err(err) = read_file(path, &mut state).await {
-            tracing::warn!(upstream = upstream.name(), %err, "endpoints_file");
+            tracing::warn!(upstream, %err, "endpoints_file");
         }
     }
     state
@@ -266,15 +250,4 @@ pub(crate) fn hosts_lookup(text: &str, host: &str) -> Vec<IpAddr> {
         }
     }
     out
-}
-
-/// Maps addresses to the state they had in `current`, for carrying it over.
-pub(crate) fn carried_states(
-    current: &super::EndpointSet,
-) -> HashMap<Address, Arc<super::EndpointState>> {
-    current
-        .endpoints()
-        .iter()
-        .map(|e| (e.address.clone(), e.state.clone()))
-        .collect()
 }

@@ -9,15 +9,27 @@
 
 use std::sync::Arc;
 
-use futures_util::future::join_all;
+use futures_util::future::{join_all, BoxFuture};
+use http::uri::PathAndQuery;
 use tokio::sync::watch;
 
-use crate::upstream::proxy::Upstream;
+use super::{Address, Balancer};
+
+/// An upstream as its background tasks see it: its balancer, and one active health check
+/// sent through its connection pool. The proxy implements it; naming it here keeps this
+/// module from naming the proxy.
+pub(crate) trait Probe: Send + Sync + 'static {
+    /// The upstream's endpoints.
+    fn balancer(&self) -> &Balancer;
+
+    /// `GET path` to `address`; whether a 2xx came back.
+    fn probe<'a>(&'a self, address: &'a Address, path: &'a PathAndQuery) -> BoxFuture<'a, bool>;
+}
 
 /// Runs the checks of `upstream` until `stop` turns true. Does nothing without a
 /// `health_check`.
-pub(crate) async fn run(upstream: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
-    let Some(settings) = upstream.health_check().cloned() else {
+pub(crate) async fn run<U: Probe>(upstream: Arc<U>, mut stop: watch::Receiver<bool>) {
+    let Some(settings) = upstream.balancer().health_check().cloned() else {
         return;
     };
     let mut ticker = tokio::time::interval(settings.interval);
@@ -27,7 +39,7 @@ pub(crate) async fn run(upstream: Arc<Upstream>, mut stop: watch::Receiver<bool>
             _ = ticker.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let set = upstream.endpoint_set();
+        let set = upstream.balancer().endpoint_set();
         let checks = set.endpoints().iter().map(|endpoint| {
             let upstream = &upstream;
             let settings = &settings;
@@ -44,7 +56,7 @@ pub(crate) async fn run(upstream: Arc<Upstream>, mut stop: watch::Receiver<bool>
                         .record_check(passed, settings.healthy, settings.unhealthy)
                 {
                     tracing::warn!(
-                        upstream = upstream.name(),
+                        upstream = upstream.balancer().name(),
                         endpoint = %endpoint.address.url(),
                         healthy,
                         "active health check changed the endpoint's state"

@@ -24,6 +24,7 @@
 //! refuse everything); else it takes the next usable endpoint in ring order (round robin) or
 //! the cheapest usable one (the others).
 
+mod balancer;
 pub mod bench;
 pub(crate) mod discovery;
 pub(crate) mod endpoint;
@@ -37,7 +38,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{LoadBalancer, OutlierSettings};
+pub(crate) use balancer::Balancer;
 pub(crate) use endpoint::{Address, Clock, Endpoint, EndpointState, InFlight, Now, Outcome};
+pub(crate) use health::Probe;
 
 /// The endpoints of an upstream at one moment, with the balancer's position.
 #[derive(Debug)]
@@ -228,19 +231,37 @@ impl EndpointSet {
 
 /// Resolves host names once, then starts each upstream's discovery and health-check tasks;
 /// all stop when `stop` turns true.
-pub(crate) async fn start(
-    upstreams: &[Arc<crate::upstream::proxy::Upstream>],
+pub(crate) async fn start<U: Probe>(
+    upstreams: &[Arc<U>],
     stop: &tokio::sync::watch::Receiver<bool>,
 ) {
     for upstream in upstreams {
-        if upstream.sources().dynamic() {
-            let mut file = discovery::initial_file_state(upstream).await;
-            discovery::refresh(upstream, &mut file).await;
-            tokio::spawn(discovery::run(upstream.clone(), file, stop.clone()));
+        let balancer = upstream.balancer();
+        if balancer.sources().dynamic() {
+            let mut file = discovery::initial_file_state(balancer.name(), balancer.sources()).await;
+            balancer.refresh(&mut file).await;
+            tokio::spawn(discover(upstream.clone(), file, stop.clone()));
         }
-        if upstream.health_check().is_some() {
+        if balancer.health_check().is_some() {
             tokio::spawn(health::run(upstream.clone(), stop.clone()));
         }
+    }
+}
+
+/// Keeps `upstream`'s endpoints current until `stop` turns true (the first refresh is done
+/// before serving, by [`start`]).
+async fn discover<U: Probe>(
+    upstream: Arc<U>,
+    mut file: discovery::FileState,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let interval = upstream.balancer().sources().interval;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        upstream.balancer().refresh(&mut file).await;
     }
 }
 

@@ -51,8 +51,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
-    let set = upstream.endpoint_set();
-    let clock = upstream.clock();
+    let balancer = upstream.balancer();
+    let set = balancer.endpoint_set();
+    let clock = balancer.clock();
     let now = clock.now();
     let mut lazy = Now::new(clock);
     let endpoints: Vec<EndpointStatus> = set
@@ -85,16 +86,16 @@ fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
         .filter(|e| e.state.usable(&mut lazy))
         .count();
     UpstreamStatus {
-        name: upstream.name().to_owned(),
-        load_balancer: upstream.load_balancer().as_str().to_owned(),
-        circuit_breaker: upstream.dependency().breaker_state().to_owned(),
+        name: balancer.name().to_owned(),
+        load_balancer: balancer.load_balancer().as_str().to_owned(),
+        circuit_breaker: balancer.dependency().breaker_state().to_owned(),
         healthy_endpoints: healthy,
         panic: set.in_panic(healthy),
         endpoints,
-        attempt_timeout_ms: millis(policy.attempt_timeout_for(upstream.dependency())),
-        latency: latency(upstream.dependency().latency_histogram(), policy),
-        retry_amplification: upstream.dependency().retry_amplification(),
-        routes: upstream
+        attempt_timeout_ms: millis(policy.attempt_timeout_for(balancer.dependency())),
+        latency: latency(balancer.dependency().latency_histogram(), policy),
+        retry_amplification: balancer.dependency().retry_amplification(),
+        routes: balancer
             .dependency()
             .route_latencies()
             .iter()

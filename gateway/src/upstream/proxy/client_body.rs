@@ -9,6 +9,7 @@
 //! prefers it to whatever hyper reports.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -21,9 +22,17 @@ use http_body::{Frame, SizeHint};
 #[error("the client's request body failed while being sent upstream")]
 pub(crate) struct ClientBodyAborted;
 
-/// Where a [`WitnessedBody`] leaves its error for the proxy.
+/// Where a [`WitnessedBody`] leaves its error for the proxy, and whether it was all sent.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct BodyFailure(Arc<Mutex<Option<axum::Error>>>);
+pub(crate) struct BodyFailure(Arc<Witnessed>);
+
+#[derive(Debug, Default)]
+struct Witnessed {
+    error: Mutex<Option<axum::Error>>,
+    /// The last frame went out: an attempt still waiting afterwards waits for the upstream,
+    /// not for the client.
+    sent: AtomicBool,
+}
 
 /// A request body that records its first error in a [`BodyFailure`].
 pub(crate) struct WitnessedBody {
@@ -37,12 +46,25 @@ impl BodyFailure {
     /// The body's error, if it failed.
     pub(crate) fn take(&self) -> Option<axum::Error> {
         // A poisoned lock still holds a valid `Option`.
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.0
+            .error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Whether the whole body was handed to the upstream client.
+    pub(crate) fn fully_sent(&self) -> bool {
+        self.0.sent.load(Ordering::Acquire)
     }
 
     fn record(&self, err: axum::Error) {
-        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.0.error.lock().unwrap_or_else(|e| e.into_inner());
         slot.get_or_insert(err);
+    }
+
+    fn sent(&self) {
+        self.0.sent.store(true, Ordering::Release);
     }
 }
 
@@ -74,8 +96,17 @@ impl http_body::Body for WitnessedBody {
                 self.failure.record(err);
                 Poll::Ready(Some(Err(ClientBodyAborted)))
             }
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Ok(frame))) => {
+                // hyper stops polling a body that says it ended (a known length reached).
+                if self.inner.is_end_stream() {
+                    self.failure.sent();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                self.failure.sent();
+                Poll::Ready(None)
+            }
             Poll::Pending => Poll::Pending,
         }
     }
@@ -115,7 +146,25 @@ mod tests {
     #[tokio::test]
     async fn a_complete_body_leaves_no_failure() {
         let (body, failure) = WitnessedBody::wrap(Body::from("hello"));
+        assert!(!failure.fully_sent());
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
         assert!(failure.take().is_none());
+        assert!(failure.fully_sent());
+    }
+
+    #[tokio::test]
+    async fn a_body_still_streaming_is_not_fully_sent() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        let (mut body, failure) = WitnessedBody::wrap(Body::from_stream(stream));
+        tx.send(Ok(Bytes::from_static(b"a"))).await.unwrap();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "a");
+        assert!(!failure.fully_sent(), "more may come");
+        drop(tx);
+        assert!(body.frame().await.is_none());
+        assert!(failure.fully_sent());
     }
 }

@@ -1,0 +1,202 @@
+//! The request an attempt sends: the client's, rewritten for the chosen endpoint (target,
+//! `Host`, `X-Forwarded-*`).
+
+use std::io::Write as _;
+
+use axum::body::Body;
+use http::header::{self, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, Request, Uri};
+
+use super::{ProxyError, ProxyErrorKind};
+use crate::config::PathRule;
+use crate::edge::listener::ClientTls;
+use crate::pipeline::context::RequestContext;
+use crate::upstream::balance::Address;
+use crate::upstream::forwarded::Client;
+
+/// Rewrites the request for the chosen endpoint.
+pub(super) fn prepare(
+    request: Request<Body>,
+    context: &RequestContext,
+    address: &Address,
+    index: usize,
+) -> Result<Request<Body>, ProxyError> {
+    let (mut parts, body) = request.into_parts();
+    let (scheme, authority) = (address.scheme.clone(), address.authority.clone());
+    let route = &context.route.settings;
+    let path_and_query = upstream_path(&parts.uri, &route.path, route.rewrite.as_deref());
+    let client_tls = parts.extensions.get::<ClientTls>().is_some();
+    // HTTP/2 clients send :authority instead of Host.
+    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        let authority = parts.uri.authority()?;
+        HeaderValue::from_str(authority.as_str()).ok()
+    });
+    parts.uri = Uri::from_parts({
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(scheme);
+        uri.authority = Some(authority);
+        uri.path_and_query = Some(path_and_query);
+        uri
+    })
+    .map_err(|_| ProxyError::new(ProxyErrorKind::NoRoute, Some(index)))?;
+    parts.version = http::Version::HTTP_11;
+
+    // The client's hop-by-hop fields (the fixed list, `Connection` and what it named) went
+    // at the edge, and no layer since adds one: nothing to strip again on this hop.
+    parts.headers.insert(header::HOST, address.host.clone());
+    let client = &context.client;
+    if let Some(value) = forwarded_for(client, &parts.headers) {
+        parts.headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+    if !(client.peer_trusted && parts.headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if client_tls { "https" } else { "http" };
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    }
+    if !(client.peer_trusted && parts.headers.contains_key(&X_FORWARDED_HOST)) {
+        match original_host {
+            Some(host) => {
+                parts.headers.insert(X_FORWARDED_HOST.clone(), host);
+            }
+            None => {
+                parts.headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The `X-Forwarded-For` to send (see [`Client::forwarded_for`]). Usually only the peer:
+/// formatted on the stack, so the value is the one allocation.
+fn forwarded_for(client: &Client, headers: &HeaderMap) -> Option<HeaderValue> {
+    if client.peer_trusted && headers.contains_key(&X_FORWARDED_FOR) {
+        return HeaderValue::from_str(&client.forwarded_for(headers)).ok();
+    }
+    // The longest IPv6 text is 45 bytes.
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    write!(cursor, "{}", client.peer).ok()?;
+    let len = usize::try_from(cursor.position()).ok()?;
+    HeaderValue::from_bytes(buf.get(..len)?).ok()
+}
+
+/// The path the upstream receives: as the client sent it (normalised), or with the matched
+/// prefix replaced by `rewrite` — on an `exact` route the whole path. `strip_prefix` arrives
+/// here as `rewrite = "/"`. The replacement and the rest always meet at one `/`
+/// (`/api` + `/v2` on `/api/x` → `/v2/x`, not `/v2//x` or `/v2x`).
+fn upstream_path(uri: &Uri, path: &PathRule, rewrite: Option<&str>) -> PathAndQuery {
+    let original = || {
+        uri.path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"))
+    };
+    let Some(rewrite) = rewrite else {
+        // The common case: the original target, shared rather than re-formatted.
+        return original();
+    };
+    let rest = match path {
+        // The router matched on a segment boundary, so the rest is empty or starts with
+        // `/` or `;`.
+        PathRule::Prefix(prefix) => uri
+            .path()
+            .strip_prefix(prefix.trim_end_matches('/'))
+            .unwrap_or(uri.path()),
+        PathRule::Exact(_) => "",
+        // Refused by validation.
+        PathRule::Pattern(_) => return original(),
+    };
+    let mut full = if rest.is_empty() {
+        rewrite.to_owned()
+    } else {
+        format!("{}{rest}", rewrite.trim_end_matches('/'))
+    };
+    if !full.starts_with('/') {
+        full.insert(0, '/');
+    }
+    if let Some(query) = uri.query() {
+        full.push('?');
+        full.push_str(query);
+    }
+    full.parse()
+        .unwrap_or_else(|_| PathAndQuery::from_static("/"))
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_for_is_the_peer_or_the_trusted_chain_plus_the_peer() {
+        let client = |peer: &str, peer_trusted| Client {
+            ip: peer.parse().unwrap(),
+            peer: peer.parse().unwrap(),
+            peer_trusted,
+        };
+        let mut chain = HeaderMap::new();
+        chain.insert(
+            X_FORWARDED_FOR.clone(),
+            HeaderValue::from_static("203.0.113.9"),
+        );
+        let longest = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff";
+        for (client, headers, want) in [
+            (client("10.0.0.1", false), &chain, "10.0.0.1"),
+            (client(longest, false), &chain, longest),
+            (client("10.0.0.1", true), &HeaderMap::new(), "10.0.0.1"),
+            (client("10.0.0.1", true), &chain, "203.0.113.9, 10.0.0.1"),
+        ] {
+            let got = forwarded_for(&client, headers).unwrap();
+            assert_eq!(got, want);
+            assert_eq!(got, client.forwarded_for(headers).as_str());
+        }
+    }
+
+    #[test]
+    fn paths_with_and_without_stripping() {
+        let prefix = PathRule::Prefix("/orders".into());
+        let uri: Uri = "/orders/7?x=1".parse().unwrap();
+        assert_eq!(upstream_path(&uri, &prefix, None).as_str(), "/orders/7?x=1");
+        assert_eq!(upstream_path(&uri, &prefix, Some("/")).as_str(), "/7?x=1");
+        let root: Uri = "/orders".parse().unwrap();
+        assert_eq!(upstream_path(&root, &prefix, Some("/")).as_str(), "/");
+        let matrix: Uri = "/orders;v=1/7".parse().unwrap();
+        assert_eq!(
+            upstream_path(&matrix, &prefix, Some("/")).as_str(),
+            "/;v=1/7"
+        );
+    }
+
+    #[test]
+    fn rewrites_replace_the_matched_prefix_at_one_slash() {
+        let prefix = PathRule::Prefix("/api".into());
+        let slashed = PathRule::Prefix("/api/".into());
+        for (rule, rewrite, from, to) in [
+            (&prefix, "/v2", "/api/orders?a=b", "/v2/orders?a=b"),
+            (&prefix, "/v2/", "/api/orders", "/v2/orders"),
+            (&prefix, "/v2", "/api", "/v2"),
+            (&prefix, "/v2/", "/api", "/v2/"),
+            (&prefix, "/v2", "/api;k=v/x", "/v2;k=v/x"),
+            (&slashed, "/v2", "/api/orders", "/v2/orders"),
+            (&slashed, "/v2/", "/api/", "/v2/"),
+            (&PathRule::Prefix("/".into()), "/base", "/x/y", "/base/x/y"),
+            (
+                &PathRule::Exact("/old".into()),
+                "/new/place",
+                "/old?q=1",
+                "/new/place?q=1",
+            ),
+        ] {
+            let uri: Uri = from.parse().unwrap();
+            assert_eq!(
+                upstream_path(&uri, rule, Some(rewrite)).as_str(),
+                to,
+                "{from} via {rewrite}"
+            );
+        }
+    }
+}
