@@ -47,3 +47,54 @@ upstream = "orders"
     );
     assert_eq!(proxied(&b), 12, "every request answered by B");
 }
+
+/// A client that sets a deadline shorter than the attempt timeout cuts its own attempts
+/// short: a hurry of its own, not a failure of the endpoint. However often one caller does
+/// it, the endpoint stays in (ARCHITECTURE: failures one caller provokes alone never hurt
+/// the others).
+#[tokio::test]
+async fn a_clients_short_deadline_never_ejects_an_endpoint() {
+    let _trace = portcullis_testkit::trace_init();
+    // A holds each request for 2 s before answering 200: slower than this client's deadline,
+    // well inside the upstream's 5 s attempt timeout.
+    let slow = Step::stall(Duration::from_secs(2), Step::status(200));
+    let a = ScriptedUpstream::start_with_fallback(vec![], slow).await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let config = format!(
+        r#"[[upstreams]]
+name = "orders"
+endpoints = ["{}", "{}"]
+attempt_timeout = "5s"
+retry = {{ max_retries = 1, base = "10ms", cap = "20ms", budget_percent = 50, budget_min_retries_per_second = 100 }}
+outlier = {{ consecutive_failures = 2, base_ejection = "300s", max_ejection = "300s" }}
+
+[[routes]]
+prefix = "/"
+upstream = "orders"
+"#,
+        a.url(),
+        b.url()
+    );
+    let gw = start(&config).await;
+    let mut answers = Vec::new();
+    for _ in 0..8 {
+        // 200 ms from now: an attempt on A is cut by the deadline, never by its timeout.
+        let deadline = std::time::SystemTime::now() + Duration::from_millis(200);
+        let request = format!(
+            "GET /orders HTTP/1.1\r\nHost: localhost\r\nX-Request-Deadline: {}\r\nConnection: close\r\n\r\n",
+            humantime::format_rfc3339_millis(deadline)
+        );
+        let response = portcullis_testkit::gateway::raw_request(gw.addr, request.as_bytes())
+            .await
+            .expect("the gateway answers");
+        answers.push(String::from_utf8_lossy(&response[..12.min(response.len())]).into_owned());
+    }
+    assert!(
+        proxied(&a) >= 2,
+        "A got its share of first attempts: {answers:?}"
+    );
+    let view = upstreams(&gw).await;
+    let a_view = endpoint(&view, "orders", &a.url()).expect("A in the admin view");
+    assert_eq!(a_view["state"], "healthy", "{view}\n{answers:?}");
+    assert_eq!(a_view["ejections"], 0, "{view}");
+}
