@@ -79,6 +79,7 @@ upstream = "orders"
     let mut answers = Vec::new();
     for _ in 0..8 {
         // 200 ms from now: an attempt on A is cut by the deadline, never by its timeout.
+        #[allow(clippy::disallowed_methods)] // the header is a real wall time for the real gateway
         let deadline = std::time::SystemTime::now() + Duration::from_millis(200);
         let request = format!(
             "GET /orders HTTP/1.1\r\nHost: localhost\r\nX-Request-Deadline: {}\r\nConnection: close\r\n\r\n",
