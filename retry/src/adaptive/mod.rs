@@ -83,6 +83,9 @@ pub(crate) use self::controller::{Controller, Signal};
 pub use self::fleet::{fleet_share, FleetReport};
 use crate::classify::AttemptOutcome;
 
+/// Re-timings of one wait at most (each follows a decrease; past them the request goes).
+const MAX_RETIMES: usize = 16;
+
 /// The adaptive throttle of one upstream: the controller behind a mutex, and its metrics.
 #[derive(Debug)]
 pub struct AdaptiveThrottle {
@@ -95,6 +98,8 @@ struct ThrottleMetrics {
     label: SharedString,
     refused: OnceLock<Counter>,
     rate: OnceLock<Gauge>,
+    /// `adaptive_decreases_total{cause}`, indexed by the cause's discriminant.
+    decreases: [OnceLock<Counter>; 3],
 }
 
 // === impl AdaptiveThrottle ===
@@ -107,6 +112,7 @@ impl AdaptiveThrottle {
                 label: SharedString::from(name.clone()),
                 refused: OnceLock::new(),
                 rate: OnceLock::new(),
+                decreases: Default::default(),
             },
         }
     }
@@ -133,16 +139,42 @@ impl AdaptiveThrottle {
         refused
     }
 
+    /// Waits out the `pace` [`Self::admit`] gave (called right after it), re-timed by the
+    /// decreases that happen meanwhile: a request promised its token at the old rate
+    /// leaves at the new one, so the queue does not send the backend the rate it just
+    /// refused for up to `max_wait`.
+    pub async fn wait_turn(&self, pace: Duration) {
+        let mut checked = Instant::now();
+        let mut due = checked + pace;
+        // Bounded: each round follows a decrease, at most one per congestion window.
+        for _ in 0..MAX_RETIMES {
+            tokio::time::sleep_until(due).await;
+            let later = self.lock().retime(checked, due);
+            if later <= due {
+                return;
+            }
+            (checked, due) = (due, later);
+        }
+    }
+
     /// Feeds one attempt's outcome, sent at `sent_at`.
     pub(crate) fn observe(&self, outcome: AttemptOutcome, sent_at: Instant) {
         let now = Instant::now();
-        let rate = {
+        let (cause, rate) = {
             let mut controller = self.lock();
-            controller.observe(Signal::of(outcome, now - sent_at), sent_at, now);
-            controller.rate(now)
+            let cause = controller.observe(Signal::of(outcome, now - sent_at), sent_at, now);
+            (cause, controller.rate(now))
         };
+        let label = &self.metrics.label;
+        if let Some(cause) = cause {
+            self.metrics.decreases[cause as usize]
+                .get_or_init(|| {
+                    metrics::counter!("adaptive_decreases_total",
+                        "dependency" => label.clone(), "cause" => cause.as_str())
+                })
+                .increment(1);
+        }
         if let Some(rate) = rate {
-            let label = &self.metrics.label;
             self.metrics
                 .rate
                 .get_or_init(

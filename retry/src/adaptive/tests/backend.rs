@@ -1,6 +1,8 @@
 //! A synthetic backend that accepts a fixed rate, and the two ways of driving the controller
 //! against it: an open loop at a steady offered rate, and clients that honour `Retry-After`.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -45,7 +47,8 @@ impl Backend {
 pub(super) type Seconds = Vec<(u32, u32, u32)>;
 
 /// Offers `offered` req/s evenly for `secs` seconds; the backend answers after 2 ms.
-/// Admitted requests leave after their wait, in time order with the arrivals.
+/// Admitted requests leave after their wait, re-timed as [`AdaptiveThrottle::wait_turn`]
+/// does (by the decreases meanwhile), in time order with the arrivals.
 pub(super) fn drive(
     controller: &mut Controller,
     backend: &mut Backend,
@@ -55,8 +58,8 @@ pub(super) fn drive(
 ) -> Seconds {
     let step = Duration::from_secs(1) / offered;
     let mut out = vec![(0, 0, 0); secs as usize];
-    // Admitted, not yet sent: their send instants (non-decreasing: tokens go in order).
-    let mut waiting = std::collections::VecDeque::new();
+    // Admitted, not yet sent: (due, admitted or last re-timed at), earliest first.
+    let mut waiting = BinaryHeap::new();
     let mut send = |controller: &mut Controller, out: &mut Seconds, now: Instant| {
         let Some(second) = out.get_mut((now - start).as_secs() as usize) else {
             return;
@@ -66,24 +69,40 @@ pub(super) fn drive(
             second.1 += 1;
             Signal::Accepted(2 * MS)
         } else {
-            Signal::Congestion
+            Signal::Throttled
         };
         controller.observe(signal, now, now + 2 * MS);
     };
+    // Sends every waiter due by `until`, each re-timed when its turn comes.
+    let mut leave = |controller: &mut Controller,
+                     out: &mut Seconds,
+                     waiting: &mut BinaryHeap<Reverse<(Instant, Instant)>>,
+                     until: Instant| {
+        while let Some(&Reverse((due, checked))) = waiting.peek().filter(|w| w.0 .0 <= until) {
+            waiting.pop();
+            let later = controller.retime(checked, due);
+            if later > due {
+                waiting.push(Reverse((later, due)));
+            } else {
+                send(controller, out, due);
+            }
+        }
+    };
     for i in 0..offered * secs {
         let arrived = start + step * i;
-        while let Some(&at) = waiting.front().filter(|&&at| at <= arrived) {
-            waiting.pop_front();
-            send(controller, &mut out, at);
-        }
+        leave(controller, &mut out, &mut waiting, arrived);
         match controller.admit(arrived, true, ANY) {
-            Ok(wait) => waiting.push_back(arrived + wait),
+            Ok(wait) => waiting.push(Reverse((arrived + wait, arrived))),
             Err(_) => out[(i / offered) as usize].2 += 1,
         }
     }
-    while let Some(at) = waiting.pop_front() {
-        send(controller, &mut out, at);
-    }
+    let end = start + Duration::from_secs(secs.into());
+    leave(
+        controller,
+        &mut out,
+        &mut waiting,
+        end + Duration::from_secs(60),
+    );
     out
 }
 
@@ -143,7 +162,7 @@ pub(super) fn drive_clients(
                     controller.observe(Signal::Accepted(2 * MS), t, answered);
                     slot[i] = (slot[i] + period).max(answered);
                 } else {
-                    controller.observe(Signal::Congestion, t, answered);
+                    controller.observe(Signal::Throttled, t, answered);
                     slot[i] = (slot[i] + period).max(answered + Duration::from_secs(1));
                 }
                 Next::Arrive(slot[i])
