@@ -235,7 +235,10 @@ impl Controller {
             Signal::Timeout => Cause::Timeout,
             Signal::Accepted(latency) => {
                 let tolerance = self.config.latency_tolerance;
-                if !self.latency.inflated(latency.as_secs_f64(), tolerance) {
+                if !self
+                    .latency
+                    .inflated(latency.as_secs_f64(), tolerance, self.secs(now))
+                {
                     self.grow(now);
                     return None;
                 }
@@ -267,13 +270,16 @@ impl Controller {
         } else {
             self.tokens = 0.0;
             self.refilled_at = now;
-            measured
+            // Until now nothing was refused, so the arrivals were all sent; they count
+            // when they arrive, the sends only when their answer came (the ones in flight
+            // at the first 429 are not counted yet).
+            measured.max(self.offered.estimate(self.secs(now)))
         };
         let base = self.config.clamp(base);
         self.last_max = base;
-        self.k = (base * (1.0 - BETA) / SCALE).cbrt();
         let old = self.rate(now);
         self.rate = self.config.clamp(base * BETA);
+        self.k = ((self.last_max - self.rate).max(0.0) / SCALE).cbrt();
         // The queue was promised its tokens at the old rate: re-spaced at the new one, or
         // for up to `max_wait` after this the backend would still get the rate it refused.
         // The tokens owed (below zero) refill at the new rate already.

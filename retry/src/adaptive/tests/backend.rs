@@ -7,16 +7,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::super::controller::Cause;
 use super::super::*;
 use super::{ANY, MS};
 
 /// A backend that accepts `capacity` req/s (a token bucket `burst` deep) and answers 429
-/// above it.
+/// above it, after 2 ms; optionally on a loaded machine that stalls it now and then.
 pub(super) struct Backend {
     capacity: f64,
     burst: f64,
     tokens: f64,
     at: Instant,
+    /// Stalls: (the first one's start, every, lasting). A request that comes during one is
+    /// seen (counted in the bucket) and answered when it ends, with all the others that
+    /// came meanwhile: the Python upstream of `bench/adaptive.sh` on a loaded machine.
+    stalls: Option<(Instant, Duration, Duration)>,
 }
 
 impl Backend {
@@ -26,6 +31,29 @@ impl Backend {
             burst,
             tokens: burst,
             at: now,
+            stalls: None,
+        }
+    }
+
+    /// Stalls for `lasting` every `every`, the first one after `every`.
+    pub(super) fn stalling(mut self, every: Duration, lasting: Duration) -> Self {
+        self.stalls = Some((self.at + every, every, lasting));
+        self
+    }
+
+    /// When a request sent at `t` is seen: at once, or at the end of the stall it came in.
+    fn seen(&self, t: Instant) -> Instant {
+        let Some((first, every, lasting)) = self.stalls else {
+            return t;
+        };
+        let Some(since) = t.checked_duration_since(first) else {
+            return t;
+        };
+        let into = Duration::from_nanos((since.as_nanos() % every.as_nanos()) as u64);
+        if into < lasting {
+            t + (lasting - into)
+        } else {
+            t
         }
     }
 
@@ -65,7 +93,7 @@ pub(super) fn drive(
             return;
         };
         second.0 += 1;
-        let signal = if backend.accepts(now) {
+        let signal = if backend.accepts(backend.seen(now)) {
             second.1 += 1;
             Signal::Accepted(2 * MS)
         } else {
@@ -110,25 +138,28 @@ pub(super) fn drive(
 /// each sending every 100 ms while they have work, one request at a time; a request refused
 /// at the edge comes back after its `Retry-After` (whole seconds, rounded up), one the
 /// backend refused after the backend's `Retry-After: 1`. Per second: (reached the backend,
-/// accepted, refused at the edge).
+/// accepted, refused at the edge); and the decreases, by cause.
 pub(super) fn drive_clients(
     controller: &mut Controller,
     backend: &mut Backend,
     start: Instant,
     clients: u32,
     secs: u32,
-) -> Seconds {
+) -> (Seconds, Vec<Cause>) {
     #[derive(Clone, Copy)]
     enum Next {
         Arrive(Instant),
         Send(Instant),
+        /// (answered at, sent at, accepted)
+        Answer(Instant, Instant, bool),
     }
     let at = |n: Next| match n {
-        Next::Arrive(t) | Next::Send(t) => t,
+        Next::Arrive(t) | Next::Send(t) | Next::Answer(t, _, _) => t,
     };
     let period = Duration::from_millis(100);
     let end = start + Duration::from_secs(secs.into());
     let mut out = vec![(0, 0, 0); secs as usize];
+    let mut causes = Vec::new();
     // Phases spread over the period, as the bench's clients.
     let mut next: Vec<Next> = (0..clients)
         .map(|n| Next::Arrive(start + period * n / clients))
@@ -155,19 +186,29 @@ pub(super) fn drive_clients(
             },
             Next::Send(t) => {
                 second.0 += 1;
-                let answered = t + 2 * MS;
-                let accepted = backend.accepts(t);
+                let seen = backend.seen(t);
+                let accepted = backend.accepts(seen);
                 if accepted {
                     second.1 += 1;
-                    controller.observe(Signal::Accepted(2 * MS), t, answered);
-                    slot[i] = (slot[i] + period).max(answered);
-                } else {
-                    controller.observe(Signal::Throttled, t, answered);
-                    slot[i] = (slot[i] + period).max(answered + Duration::from_secs(1));
                 }
+                Next::Answer(seen + 2 * MS, t, accepted)
+            }
+            Next::Answer(answered, sent, accepted) => {
+                let signal = if accepted {
+                    Signal::Accepted(answered - sent)
+                } else {
+                    Signal::Throttled
+                };
+                causes.extend(controller.observe(signal, sent, answered));
+                let back_off = if accepted {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(1)
+                };
+                slot[i] = (slot[i] + period).max(answered + back_off);
                 Next::Arrive(slot[i])
             }
         };
     }
-    out
+    (out, causes)
 }
