@@ -13,7 +13,10 @@
 #
 # Environment: OPS [50] operations per client, CAPACITY [50] req/s, CLIENTS [20], RATE [10]
 # req/s per client, BIN [<repo>/target-bench/release, else <repo>/target/debug], ADAPTIVE
-# [adaptive = true] the upstream's adaptive line, OFF [1] (0: skip the run without it).
+# [adaptive = true] the upstream's adaptive line, OFF [1] (0: skip the run without it),
+# STALL [none] "LASTING/EVERY" in seconds (e.g. 0.15/2): the upstream is stopped (SIGSTOP)
+# that long that often during the runs, as a loaded machine does to it; it then answers
+# what came meanwhile at once, late.
 # Everything on 127.0.0.1; every process started here is stopped by PID on exit.
 set -euo pipefail
 
@@ -77,8 +80,25 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer.daemon_threads = True
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 PY
-PIDS+=($!)
+UP_PID=$!
+PIDS+=("$UP_PID")
 wait_http "http://127.0.0.1:$UP/__stats"
+
+if [[ -n ${STALL:-} ]]; then
+    # Bounded: at most an hour of stalls; stopped with the other PIDs on exit (the upstream
+    # is continued first, so it can be stopped).
+    (
+        for ((i = 0; i < 3600; i++)); do
+            sleep "${STALL#*/}"
+            kill -STOP "$UP_PID" 2>/dev/null || exit 0
+            sleep "${STALL%/*}"
+            kill -CONT "$UP_PID" 2>/dev/null || exit 0
+        done
+    ) &
+    STALLER=$!
+    PIDS=("$STALLER" "${PIDS[@]}")
+    trap 'kill "$STALLER" 2>/dev/null; wait "$STALLER" 2>/dev/null; kill -CONT "$UP_PID" 2>/dev/null; cleanup' EXIT
+fi
 
 run() { # name adaptive-line
     local name=$1 adaptive=$2 port admin
