@@ -13,7 +13,10 @@
 #
 # Environment: OPS [50] operations per client, CAPACITY [50] req/s, CLIENTS [20], RATE [10]
 # req/s per client, BIN [<repo>/target-bench/release, else <repo>/target/debug], ADAPTIVE
-# [adaptive = true] the upstream's adaptive line, OFF [1] (0: skip the run without it).
+# [adaptive = true] the upstream's adaptive line, OFF [1] (0: skip the run without it),
+# STALL [none] "LASTING/EVERY" in seconds (e.g. 0.15/2): the upstream is stopped (SIGSTOP)
+# that long that often during the runs, as a loaded machine does to it; it then answers
+# what came meanwhile at once, late.
 # Everything on 127.0.0.1; every process started here is stopped by PID on exit.
 set -euo pipefail
 
@@ -77,8 +80,25 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer.daemon_threads = True
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 PY
-PIDS+=($!)
+UP_PID=$!
+PIDS+=("$UP_PID")
 wait_http "http://127.0.0.1:$UP/__stats"
+
+if [[ -n ${STALL:-} ]]; then
+    # Bounded: at most an hour of stalls; stopped with the other PIDs on exit (the upstream
+    # is continued first, so it can be stopped).
+    (
+        for ((i = 0; i < 3600; i++)); do
+            sleep "${STALL#*/}"
+            kill -STOP "$UP_PID" 2>/dev/null || exit 0
+            sleep "${STALL%/*}"
+            kill -CONT "$UP_PID" 2>/dev/null || exit 0
+        done
+    ) &
+    STALLER=$!
+    PIDS=("$STALLER" "${PIDS[@]}")
+    trap 'kill "$STALLER" 2>/dev/null; wait "$STALLER" 2>/dev/null; kill -CONT "$UP_PID" 2>/dev/null; cleanup' EXIT
+fi
 
 run() { # name adaptive-line
     local name=$1 adaptive=$2 port admin
@@ -96,11 +116,12 @@ prefix = "/"
 upstream = "capped"
 CONF
     port=$GW_PORT
+    admin=$(sed -n 's/^admin_listen = "127.0.0.1:\(.*\)"$/\1/p' "$TMP/$name.toml")
     curl -fs -o /dev/null "http://127.0.0.1:$UP/__stats"
-    python3 - "$port" "$UP" "$OPS" "$CLIENTS" "$RATE" "$CAPACITY" "$name" <<'PY'
-import http.client, json, sys, threading, time, urllib.request
+    python3 - "$port" "$UP" "$OPS" "$CLIENTS" "$RATE" "$CAPACITY" "$name" "$admin" <<'PY'
+import http.client, json, re, sys, threading, time, urllib.request
 
-port, up, ops, clients, rate, capacity, name = sys.argv[1:]
+port, up, ops, clients, rate, capacity, name, admin = sys.argv[1:]
 ops, clients, rate, capacity = int(ops), int(clients), float(rate), float(capacity)
 counts = {"sent": 0, "edge": 0, "upstream_refused": 0, "errors": 0}
 finished, lock = [], threading.Lock()
@@ -139,11 +160,38 @@ def client(n):
     with lock:
         finished.append(time.monotonic() - start)
 
+# The controller over time, from the admin /metrics every 100 ms: its rate and its
+# decreases by cause (throttled = 429/503, latency = the latency gradient, timeout).
+samples, running = [], [True]
+def sampler():
+    pattern = re.compile(r'^adaptive_(rate_limit|decreases_total)\{([^}]*)\} (\S+)$')
+    while running[0]:
+        t = time.monotonic() - start
+        rate_now, cuts = None, {}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=2) as r:
+                for line in r.read().decode().splitlines():
+                    m = pattern.match(line)
+                    if m and m.group(1) == "rate_limit":
+                        rate_now = float(m.group(3))
+                    elif m:
+                        cause = re.search(r'cause="(\w+)"', m.group(2))
+                        if cause:
+                            cuts[cause.group(1)] = int(float(m.group(3)))
+        except Exception:
+            pass
+        samples.append((t, rate_now, cuts))
+        time.sleep(0.1)
+watcher = threading.Thread(target=sampler, daemon=True)
+watcher.start()
+
 threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
 for t in threads:
     t.start()
 for t in threads:
     t.join()
+running[0] = False
+watcher.join()
 with urllib.request.urlopen(f"http://127.0.0.1:{up}/__stats") as r:
     seconds = {int(k): v for k, v in json.loads(r.read()).items()}
 # Steady state: from second 5 until the first client finished (after that, demand falls).
@@ -160,8 +208,23 @@ print(f"{'':>9}  seconds 5..{end}: upstream received peak {peak}/s ({peak / capa
       f"mean {mean_received:.1f}/s ({mean_received / capacity:.2f}x); accepted mean {mean_accepted:.1f}/s "
       f"({mean_accepted / capacity:.0%} of capacity)")
 print(f"{'':>9}  per second received/accepted: {series}")
+# Per second: the controller's rate at its end, and the decreases in it by cause
+# (T throttled, L latency, O timeout).
+timeline, last = [], {}
+for s in range(0, int(max(finished)) + 1):
+    inside = [x for x in samples if s <= x[0] < s + 1]
+    if not inside:
+        continue
+    _, rate_now, cuts = inside[-1]
+    mark = "".join(k[0].upper() * (cuts.get(c, 0) - last.get(c, 0))
+                   for c, k in (("throttled", "T"), ("latency", "L"), ("timeout", "O")))
+    last = cuts
+    timeline.append(f"{'-' if rate_now is None else f'{rate_now:.0f}'}{mark}")
+if any(x[1] is not None for x in samples):
+    total = {c: last.get(c, 0) for c in ("throttled", "latency", "timeout")}
+    print(f"{'':>9}  controller rate per second (T/L/O: a decrease by 429-503/latency/timeout): {' '.join(timeline)}")
+    print(f"{'':>9}  decreases: {total}")
 PY
-    admin=$(sed -n 's/^admin_listen = "127.0.0.1:\(.*\)"$/\1/p' "$TMP/$name.toml")
     curl -fs "http://127.0.0.1:$admin/metrics" | grep -E '^(adaptive_|retry_suppressed_total|upstream_(requests|attempts)_total)' | sort | sed 's/^/           /' || true
     stop_gateway
 }

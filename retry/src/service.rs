@@ -101,10 +101,10 @@ where
     };
     let arrived = Instant::now();
     let (mut call, pace) = Call::admit(&shared, target, req, arrived)?;
-    if !pace.is_zero() {
+    if let Some(throttle) = call.dep.adaptive().filter(|_| !pace.is_zero()) {
         // Rare (adaptive throttling near its rate): boxed so that its timer does not widen
-        // every request's future.
-        Box::pin(sleep(pace)).await;
+        // every request's future. Re-timed if the rate is cut meanwhile.
+        Box::pin(throttle.wait_turn(pace)).await;
     }
     call.prepare(arrived).await?;
     // Seeded only when a retry is considered: most requests never need a random draw.

@@ -128,6 +128,27 @@ async fn over_the_learned_rate_requests_are_answered_at_the_edge_and_recover() {
     // rate falls to its floor (1 req/s) and the rest are answered at the edge.
     assert!(received <= 60, "upstream received {received} of {REQUESTS}");
     assert!(edge >= REQUESTS - 60, "{edge} answered at the edge");
+    // The admin /metrics says which signal cut the rate: the upstream's 429s, not latency.
+    let metrics = crate::common::client()
+        .get(gateway.admin_url() + "/metrics")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let decreases = |cause: &str| {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("adaptive_decreases_total{") && l.contains(cause))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(
+        decreases("cause=\"throttled\"") >= 1.0,
+        "decreases by cause on /metrics: {metrics}"
+    );
+    assert_eq!(decreases("cause=\"latency\""), 0.0, "{metrics}");
 
     // The upstream recovers: within a bounded number of tries a request goes through again.
     upstream.throttling.store(false, Ordering::SeqCst);

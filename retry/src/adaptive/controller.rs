@@ -2,6 +2,7 @@
 //! answers (module docs of [`super`]). Every decision takes `now`, so tests drive it on
 //! explicit instants.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use portcullis_problem::grpc::GrpcCode;
@@ -27,16 +28,32 @@ const WINDOW_SENDS: f64 = 10.0;
 /// Bounds of that window.
 const MIN_WINDOW: Duration = Duration::from_millis(50);
 const MAX_WINDOW: Duration = Duration::from_secs(1);
+/// Decreases remembered for re-timing the queue: at most one per [`MIN_WINDOW`], and none
+/// is needed once every request admitted before it has left (see [`Controller::retime`]).
+const MAX_STRETCHES: usize = 256;
 
 /// What one attempt's outcome says about the rate the backend accepts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Signal {
-    /// 429/503, gRPC RESOURCE_EXHAUSTED/UNAVAILABLE, an attempt timeout.
-    Congestion,
+    /// 429/503, gRPC RESOURCE_EXHAUSTED/UNAVAILABLE.
+    Throttled,
+    /// The attempt timed out.
+    Timeout,
     /// Any other answer, after this long.
     Accepted(Duration),
     /// A failure below HTTP: the breaker's business.
     Unrelated,
+}
+
+/// Which signal made the controller decrease its rate (the `cause` label of
+/// `adaptive_decreases_total`): what tells a backend that refuses apart from a latency
+/// gradient read from a noisy machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    // The discriminant indexes the throttle's counters.
+    Throttled,
+    Timeout,
+    Latency,
 }
 
 /// The controller of one upstream.
@@ -59,9 +76,12 @@ pub(crate) struct Controller {
     /// recovery point): the window of sends at the new rate after the last decrease, or
     /// the last send promised before it, whichever is later.
     recover_at: Option<Instant>,
-    /// When the last admitted attempt is due to leave: the requests waiting for their
-    /// tokens were admitted at the old rate and leave at it after a decrease.
+    /// When the last admitted attempt is due to leave.
     promised: Instant,
+    /// The decreases of the last few seconds, as (when, old rate / new rate): a request
+    /// waiting for a token promised before a decrease leaves at the new rate, not the old
+    /// one (its wait after the decrease is stretched by that factor, see [`Self::retime`]).
+    stretches: VecDeque<(Instant, f64)>,
     /// Attempts, counted at their send time when their outcome comes (admissions would
     /// not do: after a decrease the queue admits nothing for a while, but its requests
     /// still leave at the old rate).
@@ -77,13 +97,25 @@ pub(crate) struct Controller {
 impl Signal {
     pub(crate) fn of(outcome: AttemptOutcome, latency: Duration) -> Self {
         match outcome {
-            AttemptOutcome::Status(s) if matches!(s.as_u16(), 429 | 503) => Self::Congestion,
+            AttemptOutcome::Status(s) if matches!(s.as_u16(), 429 | 503) => Self::Throttled,
             AttemptOutcome::Grpc(GrpcCode::ResourceExhausted | GrpcCode::Unavailable) => {
-                Self::Congestion
+                Self::Throttled
             }
-            AttemptOutcome::Timeout => Self::Congestion,
+            AttemptOutcome::Timeout => Self::Timeout,
             AttemptOutcome::Status(_) | AttemptOutcome::Grpc(_) => Self::Accepted(latency),
             AttemptOutcome::Failure(_) => Self::Unrelated,
+        }
+    }
+}
+
+// === impl Cause ===
+
+impl Cause {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Throttled => "throttled",
+            Self::Timeout => "timeout",
+            Self::Latency => "latency",
         }
     }
 }
@@ -104,6 +136,7 @@ impl Controller {
             decreased_at: None,
             recover_at: None,
             promised: now,
+            stretches: VecDeque::new(),
             sent: RateMeter::default(),
             offered: RateMeter::default(),
             latency: Latency::default(),
@@ -162,6 +195,20 @@ impl Controller {
         }
     }
 
+    /// When a request admitted (or last re-timed) at `checked` and due at `due` may leave,
+    /// after the decreases since: each one at `t` stretches what was left of its wait
+    /// beyond `t` by old rate / new rate, so the queue leaves at the rate in force. `due`
+    /// when none happened.
+    pub(crate) fn retime(&self, checked: Instant, due: Instant) -> Instant {
+        let mut due = due;
+        for &(at, factor) in self.stretches.iter().filter(|(at, _)| *at > checked) {
+            if at < due {
+                due = at + (due - at).mul_f64(factor);
+            }
+        }
+        due
+    }
+
     fn refill(&mut self, now: Instant, rate: f64) {
         // `now` is read before the lock is taken, so it can be a little behind the last
         // refill: the refill point never moves back, or that interval would count twice.
@@ -174,26 +221,38 @@ impl Controller {
         self.refilled_at = now;
     }
 
-    pub(crate) fn observe(&mut self, signal: Signal, sent_at: Instant, now: Instant) {
+    /// Feeds one attempt's outcome; returns the cause when it decreased the rate.
+    pub(crate) fn observe(
+        &mut self,
+        signal: Signal,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Option<Cause> {
         self.sent.record(self.secs(sent_at));
-        match signal {
-            Signal::Unrelated => {}
-            Signal::Congestion => self.decrease(sent_at, now),
+        let cause = match signal {
+            Signal::Unrelated => return None,
+            Signal::Throttled => Cause::Throttled,
+            Signal::Timeout => Cause::Timeout,
             Signal::Accepted(latency) => {
                 let tolerance = self.config.latency_tolerance;
-                if self.latency.inflated(latency.as_secs_f64(), tolerance) {
-                    self.decrease(sent_at, now);
-                } else {
+                if !self
+                    .latency
+                    .inflated(latency.as_secs_f64(), tolerance, self.secs(now))
+                {
                     self.grow(now);
+                    return None;
                 }
+                Cause::Latency
             }
-        }
+        };
+        self.decrease(sent_at, now, cause).then_some(cause)
     }
 
-    /// Multiplicative decrease, once per congestion window.
-    fn decrease(&mut self, sent_at: Instant, now: Instant) {
+    /// Multiplicative decrease, once per congestion window; false when the window had
+    /// already decreased.
+    fn decrease(&mut self, sent_at: Instant, now: Instant, cause: Cause) -> bool {
         if self.recover_at.is_some_and(|at| sent_at < at) {
-            return; // sent before the last decrease took effect: that one answered for it
+            return false; // sent before the last decrease took effect: that one answered for it
         }
         let measured = self.sent.estimate(self.secs(now));
         let base = if self.active {
@@ -211,12 +270,37 @@ impl Controller {
         } else {
             self.tokens = 0.0;
             self.refilled_at = now;
-            measured
+            // Until now nothing was refused, so the arrivals were all sent; they count
+            // when they arrive, the sends only when their answer came (the ones in flight
+            // at the first 429 are not counted yet).
+            measured.max(self.offered.estimate(self.secs(now)))
         };
         let base = self.config.clamp(base);
         self.last_max = base;
-        self.k = (base * (1.0 - BETA) / SCALE).cbrt();
+        let old = self.rate(now);
         self.rate = self.config.clamp(base * BETA);
+        self.k = ((self.last_max - self.rate).max(0.0) / SCALE).cbrt();
+        // The queue was promised its tokens at the old rate: re-spaced at the new one, or
+        // for up to `max_wait` after this the backend would still get the rate it refused.
+        // The tokens owed (below zero) refill at the new rate already.
+        if let (Some(old), Some(new)) = (old, self.rate(now)) {
+            if old > new && self.promised > now {
+                let factor = old / new;
+                self.promised = now + self.promised.duration_since(now).mul_f64(factor);
+                // Requests admitted before the oldest are long gone (a wait is at most
+                // `max_wait`, stretched a few times).
+                let horizon = self.config.max_wait.mul_f64(4.0);
+                while self.stretches.len() >= MAX_STRETCHES
+                    || self
+                        .stretches
+                        .front()
+                        .is_some_and(|(at, _)| *at + horizon < now)
+                {
+                    self.stretches.pop_front();
+                }
+                self.stretches.push_back((now, factor));
+            }
+        }
         let window =
             Duration::from_secs_f64(WINDOW_SENDS / self.rate).clamp(MIN_WINDOW, MAX_WINDOW);
         self.recover_at = Some((now + window).max(self.promised));
@@ -225,8 +309,10 @@ impl Controller {
         tracing::debug!(
             measured_rate = measured,
             rate = self.rate,
+            cause = cause.as_str(),
             "adaptive: congestion, rate decreased"
         );
+        true
     }
 
     /// Growth along the CUBIC curve since the last decrease.

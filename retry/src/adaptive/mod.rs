@@ -17,15 +17,24 @@
 //! - Until the backend first signals congestion the bucket is off: nothing is refused, only
 //!   the sending rate is measured (0.1 s buckets, smoothed 0.8, as botocore).
 //! - **Congestion** — a 429 or 503 (with or without `Retry-After`), gRPC
-//!   `RESOURCE_EXHAUSTED`/`UNAVAILABLE`, an attempt timeout, or a success whose smoothed
-//!   latency is over `latency_tolerance` × its long-run average (and 25 ms above it): the
-//!   rate becomes `0.8 × min(measured sending rate, current rate)` and the bucket turns on
-//!   (botocore and CUBIC use 0.7; with 0.8 the sawtooth below the capacity is shallower,
-//!   which keeps ≥ 90 % of a 50 req/s backend in use in the unit test's synthetic run).
+//!   `RESOURCE_EXHAUSTED`/`UNAVAILABLE`, an attempt timeout, or a sustained latency
+//!   gradient (below): the rate becomes `0.8 × min(measured sending rate, current rate)`
+//!   and the bucket turns on (botocore and CUBIC use 0.7; with 0.8 the sawtooth below the
+//!   capacity is shallower, which keeps ≥ 90 % of a 50 req/s backend in use in the unit
+//!   test's synthetic run). The first decrease starts from the rate sent until then,
+//!   measured from the first request (arrivals count: the attempts in flight have not
+//!   answered yet).
 //!   The decrease happens once per congestion window, like TCP's: answers to attempts sent
 //!   before the last decrease, or within the time of 10 sends at the new rate after it
 //!   (50 ms..1 s), do not decrease again. botocore decreases on each of them, so a burst of
 //!   20 throttled answers in flight would cut the rate to β^20 of it.
+//! - **Latency** — accepted answers whose smoothed latency stays over `latency_tolerance`
+//!   × the long-run average (and 25 ms above it) on every answer for a second and 20
+//!   answers, after a baseline of 50: once per such run, judged against the latency
+//!   before it. A run that lasts another second is the backend's new normal (the long
+//!   average takes it). A loaded machine, or a backend's garbage collector, stalls a few
+//!   hundred milliseconds and then answers a burst late, which the former per-answer
+//!   gradient read as congestion (unit test `a_stalling_backend_is_not_read_as_congested`).
 //! - **Accepted** — any other HTTP answer (2xx, 4xx, even a 500: the backend took the
 //!   request at that rate): the rate grows along the CUBIC curve
 //!   `0.4 · (t − K)³ + W_max`, `K = ∛(W_max · (1 − β) / 0.4)`, concave back up to the rate of
@@ -37,7 +46,9 @@
 //!   and leave the rate alone.
 //!
 //! A request whose token comes within `max_wait` (default 1 s) and before its deadline
-//! waits for it: clumps of arrivals leave evenly spaced, and the requests over the rate
+//! waits for it (waited out with [`AdaptiveThrottle::wait_turn`], the wait is re-timed
+//! when the rate is cut meanwhile, so the queue leaves at the new rate): clumps
+//! of arrivals leave evenly spaced, and the requests over the rate
 //! queue in token order instead of being sent away. Only one whose token comes later is
 //! refused at the edge (503 `upstream-throttled` with a `Retry-After` of the time until
 //! that token, rounded up to whole seconds) instead of being sent. The queue is what keeps
@@ -83,6 +94,9 @@ pub(crate) use self::controller::{Controller, Signal};
 pub use self::fleet::{fleet_share, FleetReport};
 use crate::classify::AttemptOutcome;
 
+/// Re-timings of one wait at most (each follows a decrease; past them the request goes).
+const MAX_RETIMES: usize = 16;
+
 /// The adaptive throttle of one upstream: the controller behind a mutex, and its metrics.
 #[derive(Debug)]
 pub struct AdaptiveThrottle {
@@ -95,6 +109,8 @@ struct ThrottleMetrics {
     label: SharedString,
     refused: OnceLock<Counter>,
     rate: OnceLock<Gauge>,
+    /// `adaptive_decreases_total{cause}`, indexed by the cause's discriminant.
+    decreases: [OnceLock<Counter>; 3],
 }
 
 // === impl AdaptiveThrottle ===
@@ -107,6 +123,7 @@ impl AdaptiveThrottle {
                 label: SharedString::from(name.clone()),
                 refused: OnceLock::new(),
                 rate: OnceLock::new(),
+                decreases: Default::default(),
             },
         }
     }
@@ -133,16 +150,42 @@ impl AdaptiveThrottle {
         refused
     }
 
+    /// Waits out the `pace` [`Self::admit`] gave (called right after it), re-timed by the
+    /// decreases that happen meanwhile: a request promised its token at the old rate
+    /// leaves at the new one, so the queue does not send the backend the rate it just
+    /// refused for up to `max_wait`.
+    pub async fn wait_turn(&self, pace: Duration) {
+        let mut checked = Instant::now();
+        let mut due = checked + pace;
+        // Bounded: each round follows a decrease, at most one per congestion window.
+        for _ in 0..MAX_RETIMES {
+            tokio::time::sleep_until(due).await;
+            let later = self.lock().retime(checked, due);
+            if later <= due {
+                return;
+            }
+            (checked, due) = (due, later);
+        }
+    }
+
     /// Feeds one attempt's outcome, sent at `sent_at`.
     pub(crate) fn observe(&self, outcome: AttemptOutcome, sent_at: Instant) {
         let now = Instant::now();
-        let rate = {
+        let (cause, rate) = {
             let mut controller = self.lock();
-            controller.observe(Signal::of(outcome, now - sent_at), sent_at, now);
-            controller.rate(now)
+            let cause = controller.observe(Signal::of(outcome, now - sent_at), sent_at, now);
+            (cause, controller.rate(now))
         };
+        let label = &self.metrics.label;
+        if let Some(cause) = cause {
+            self.metrics.decreases[cause as usize]
+                .get_or_init(|| {
+                    metrics::counter!("adaptive_decreases_total",
+                        "dependency" => label.clone(), "cause" => cause.as_str())
+                })
+                .increment(1);
+        }
         if let Some(rate) = rate {
-            let label = &self.metrics.label;
             self.metrics
                 .rate
                 .get_or_init(
