@@ -15,6 +15,7 @@
 # Environment overrides (defaults in brackets): ROUNDS [5], DURATION [5] (s per target and
 # round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3] (s measured per open-loop run, after
 # 1 s of warm-up), LAT_CONNS [64] (open-loop connections),
+# ACCESS_LOG [0] (1: the gateways write their access log, which nginx does not),
 # RT_N [200] (keyed requests for the round-trip count), AMP_RATE [200] (req/s),
 # AMP_OUTAGE [20] (s), CLIENT_CPU [0], SUT_CPU [1], CARGO_TARGET_DIR [<repo>/target-bench],
 # PG_POOL_SIZE [the store default] (gw-pg connections = pgbench anchor clients).
@@ -297,6 +298,11 @@ write_config() {
         echo "state = \"$state\""
         echo "idempotency = \"$store\""
         echo "database = \"sqlite://$TMP/$name.db\""
+        echo
+        # nginx runs with `access_log off` (the peer configuration): the gateway too, unless
+        # ACCESS_LOG=1 asks to measure the cost of its per-request line.
+        echo "[telemetry]"
+        echo "access_log = $([[ ${ACCESS_LOG:-0} == 1 ]] && echo true || echo false)"
         echo
         if [[ $rl == 1 ]]; then printf '%s\n\n' "$RL_BLOCK"; fi
         echo "[[upstreams]]"
