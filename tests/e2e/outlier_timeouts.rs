@@ -5,23 +5,25 @@
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 
 use crate::upstream_health::{endpoint, get, proxied, start, upstreams};
 
-#[tokio::test]
-async fn an_endpoint_that_stalls_is_ejected_after_its_timeouts() {
-    let _trace = portcullis_testkit::trace_init();
-    // A answers nothing for a minute (far past the 300 ms attempt timeout); B answers 200.
-    let stalled = Step::stall(Duration::from_secs(60), Step::status(200));
-    let a = ScriptedUpstream::start_with_fallback(vec![], stalled).await;
-    let b = ScriptedUpstream::start(vec![]).await;
-    let config = format!(
+/// Two endpoints A and B, outlier ejection after 2 failures in a row, one retry.
+fn config(
+    a: &ScriptedUpstream,
+    b: &ScriptedUpstream,
+    attempt_timeout: &str,
+    extra: &str,
+) -> String {
+    format!(
         r#"[[upstreams]]
 name = "orders"
 endpoints = ["{}", "{}"]
-attempt_timeout = "300ms"
-retry = {{ max_retries = 1, base = "10ms", cap = "20ms", budget_percent = 50, budget_min_retries_per_second = 100 }}
+attempt_timeout = "{attempt_timeout}"
+retry = {{ max_retries = 1, base = "10ms", cap = "20ms", budget_percent = 50, budget_min_retries_per_second = 100{extra} }}
 outlier = {{ consecutive_failures = 2, base_ejection = "300s", max_ejection = "300s" }}
 
 [[routes]]
@@ -30,7 +32,17 @@ upstream = "orders"
 "#,
         a.url(),
         b.url()
-    );
+    )
+}
+
+#[tokio::test]
+async fn an_endpoint_that_stalls_is_ejected_after_its_timeouts() {
+    let _trace = portcullis_testkit::trace_init();
+    // A answers nothing for a minute (far past the 300 ms attempt timeout); B answers 200.
+    let stalled = Step::stall(Duration::from_secs(60), Step::status(200));
+    let a = ScriptedUpstream::start_with_fallback(vec![], stalled).await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let config = config(&a, &b, "300ms", "");
     let gw = start(&config).await;
     // Round robin: every other first attempt goes to A, times out, and is retried on B.
     for i in 0..12 {
@@ -60,21 +72,7 @@ async fn a_clients_short_deadline_never_ejects_an_endpoint() {
     let slow = Step::stall(Duration::from_secs(2), Step::status(200));
     let a = ScriptedUpstream::start_with_fallback(vec![], slow).await;
     let b = ScriptedUpstream::start(vec![]).await;
-    let config = format!(
-        r#"[[upstreams]]
-name = "orders"
-endpoints = ["{}", "{}"]
-attempt_timeout = "5s"
-retry = {{ max_retries = 1, base = "10ms", cap = "20ms", budget_percent = 50, budget_min_retries_per_second = 100 }}
-outlier = {{ consecutive_failures = 2, base_ejection = "300s", max_ejection = "300s" }}
-
-[[routes]]
-prefix = "/"
-upstream = "orders"
-"#,
-        a.url(),
-        b.url()
-    );
+    let config = config(&a, &b, "5s", "");
     let gw = start(&config).await;
     let mut answers = Vec::new();
     for _ in 0..8 {
@@ -98,4 +96,54 @@ upstream = "orders"
     let a_view = endpoint(&view, "orders", &a.url()).expect("A in the admin view");
     assert_eq!(a_view["state"], "healthy", "{view}\n{answers:?}");
     assert_eq!(a_view["ejections"], 0, "{view}");
+}
+
+/// A client that sends its body slower than the attempt timeout keeps the attempt waiting
+/// for itself: the timeout is the client's doing, not the endpoint's. The body is larger
+/// than `body_replay_limit`, so it is streamed to the upstream while it arrives, and every
+/// attempt times out with the body half sent; neither endpoint is ejected.
+#[tokio::test]
+async fn a_client_trickling_its_body_never_ejects_an_endpoint() {
+    let _trace = portcullis_testkit::trace_init();
+    let a = ScriptedUpstream::start(vec![]).await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let gw = start(&config(&a, &b, "300ms", ", body_replay_limit = 16")).await;
+    for i in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(gw.addr)
+            .await
+            .expect("connect");
+        let head = "POST /orders HTTP/1.1\r\nHost: localhost\r\nContent-Length: 64\r\nConnection: close\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.expect("head");
+        stream.write_all(&[b'x'; 32]).await.expect("half the body");
+        // The rest never comes: the gateway's attempt timeout (300 ms) answers first.
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        assert!(read.is_ok(), "request {i}: the gateway answers");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 504"), "request {i}: {text}");
+    }
+    // Round robin: each endpoint got two attempts (the head, then half a body that never
+    // completed), and no retry: a streamed body cannot be replayed.
+    // (A hit is recorded once the upstream gives up on the body: wait for the last, bounded.)
+    for _ in 0..100 {
+        if proxied(&a) + proxied(&b) == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((proxied(&a), proxied(&b)), (2, 2));
+    for hit in a.hits().iter().chain(b.hits().iter()) {
+        assert!(
+            hit.body.len() < 64,
+            "the body never arrived whole: {} bytes",
+            hit.body.len()
+        );
+    }
+    let view = upstreams(&gw).await;
+    for upstream in [&a, &b] {
+        let state = endpoint(&view, "orders", &upstream.url()).expect("endpoint in the view");
+        assert_eq!(state["state"], "healthy", "{view}\n{}", gw.logs());
+        assert_eq!(state["ejections"], 0, "{view}");
+    }
 }
