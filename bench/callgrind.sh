@@ -13,6 +13,7 @@
 #          request: local rate limit + memory idempotency store, every request a first execution.
 #
 # Environment: BIN [target-bench/release] (portcullis and bench-upstream), N [10000],
+# ACCESS_LOG [false, as bench/run.sh and nginx's `access_log off`; true measures it too],
 # CONNS [8] keep-alive connections, WARMUP [500] requests before zeroing, OUT [a temporary
 # directory, removed at exit] keeps the callgrind files (`callgrind.MODE.out*`) for
 # `callgrind_annotate --inclusive=yes`. `--build` first builds both binaries into
@@ -26,7 +27,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-bench}
 BIN=${BIN:-$CARGO_TARGET_DIR/release}
-N=${N:-10000} CONNS=${CONNS:-8} WARMUP=${WARMUP:-500}
+N=${N:-10000} CONNS=${CONNS:-8} WARMUP=${WARMUP:-500} ACCESS_LOG=${ACCESS_LOG:-false}
+[[ $ACCESS_LOG == true || $ACCESS_LOG == false ]] || { echo "ACCESS_LOG=$ACCESS_LOG: want true or false" >&2; exit 2; }
 for v in N CONNS WARMUP; do
     [[ ${!v} =~ ^[0-9]+$ ]] && ((${!v} > 0 && ${!v} <= 1000000)) || { echo "$v=${!v}: want 1..=1000000" >&2; exit 2; }
 done
@@ -71,6 +73,7 @@ HUGE=1000000 # nothing is ever rejected: the decision is measured, not a rejecti
 # config MODE PORT ADMIN -> the gateway's configuration on stdout
 config() {
     printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\nworker_threads = 1\nshutdown_grace = "1s"\n\n' "$2" "$3"
+    printf '[telemetry]\naccess_log = %s\n\n' "$ACCESS_LOG"
     printf '[storage]\nstate = "memory"\nidempotency = "memory"\ndatabase = "sqlite://%s/%s.db"\n\n' "$TMP" "$1"
     if [[ $1 != pass ]]; then
         printf '[rate_limit]\nglobal = { rate = %s, per = "1s", burst = %s }\n\n' "$HUGE" "$HUGE"

@@ -130,7 +130,11 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Json => builder.json().init(),
         // The same text as the default field formatter, at a fraction of its cost (the
         // access log writes 18 fields per request).
-        LogFormat::Human if !ansi => builder.fmt_fields(PlainFields).init(),
+        LogFormat::Human if !ansi => {
+            builder.fmt_fields(PlainFields).init();
+            // The access line's own writer produces the same text for ~1/10 of the cost.
+            portcullis_gateway::telemetry::write_access_lines_directly();
+        }
         LogFormat::Human => builder.init(),
     }
 }

@@ -40,6 +40,7 @@ use opentelemetry_sdk::trace::SdkTracer;
 use crate::config::Config;
 use crate::upstream::forwarded::TrustedProxies;
 
+pub use access::write_access_lines_directly;
 pub(crate) use access::{AccessLine, Counted, ACCESS_TARGET};
 pub(crate) use attempt::Attempt;
 pub(crate) use exchange::{Exchange, Resolution};
