@@ -8,6 +8,7 @@ use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 
 use crate::common::BIN;
 
+mod access_text;
 mod dashboard;
 
 const API_KEY: &str = "acme-telemetry-key-0001";
