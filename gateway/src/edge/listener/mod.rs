@@ -40,6 +40,7 @@
 pub(crate) mod activity;
 mod service;
 mod sniff;
+mod watchdog;
 mod watched;
 
 use std::convert::Infallible;
@@ -53,16 +54,14 @@ use axum::body::Body;
 use http::{HeaderValue, Request, Response};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::util::BoxCloneService;
 
 pub use self::activity::Activity;
-use self::activity::{Expiry, Timeouts};
+use self::activity::Timeouts;
 use self::service::ConnectionService;
 use self::sniff::{sniff, Protocol, Rewind};
 use self::watched::Watched;
@@ -74,8 +73,6 @@ use crate::tls::ALPN_H2;
 const RECLAIM_WAIT: Duration = Duration::from_millis(50);
 /// Idle connections closed at most per connection accepted at the cap (nginx reclaims 32).
 const RECLAIM_BATCH: usize = 32;
-/// How long a connection closed for idleness may take to say goodbye (GOAWAY, lingering).
-const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
 
 /// The assembled request pipeline.
 pub type HttpService = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
@@ -281,65 +278,6 @@ impl Listener {
         let io = Watched::new(io, conn.activity.clone());
         let connection = self.http2.serve_connection(TokioIo::new(io), service);
         self.watch(connection, conn.activity, conn.peer).await;
-    }
-
-    /// Drives `connection` under the watchdog: closes it when a head is overdue, closes it
-    /// gracefully when idle too long, when reclaimed at the cap, or on shutdown.
-    async fn watch<C>(&self, connection: C, activity: Arc<Activity>, peer: SocketAddr)
-    where
-        C: GracefulConnection,
-        C::Error: std::fmt::Display,
-    {
-        let timeouts = self.timeouts();
-        let mut stop = self.stop.clone();
-        tokio::pin!(connection);
-        let why = loop {
-            let deadline = activity.deadline(&timeouts);
-            let idle = activity.is_idle();
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(err) = result {
-                        tracing::debug!(%err, %peer, "connection ended with an error");
-                    }
-                    return;
-                }
-                () = sleep_until(deadline) => match activity.deadline(&timeouts) {
-                    Some((at, Expiry::Head)) if at <= Instant::now() => {
-                        // Like nginx's client_header_timeout: no answer, just close.
-                        return closed("header_timeout", self.options.name, peer);
-                    }
-                    Some((at, Expiry::Send)) if at <= Instant::now() => {
-                        // Like nginx's send_timeout: the client stopped reading.
-                        return closed("send_timeout", self.options.name, peer);
-                    }
-                    Some((at, Expiry::Idle)) if at <= Instant::now() => break "idle",
-                    _ => continue,
-                },
-                () = activity.changed() => continue,
-                () = self.reclaim.notified(), if idle => {
-                    if activity.is_idle() && self.take_reclaim() { break "reclaimed" }
-                }
-                _ = stop.wait_for(|stop| *stop) => break "shutdown",
-            }
-        };
-        connection.as_mut().graceful_shutdown();
-        if why == "shutdown" {
-            // The listener's grace period bounds this.
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, %peer, "connection ended with an error");
-            }
-            return;
-        }
-        closed(why, self.options.name, peer);
-        let _ = tokio::time::timeout(IDLE_CLOSE_BOUND, connection).await;
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<(Instant, Expiry)>) {
-    match deadline {
-        Some((at, _)) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
