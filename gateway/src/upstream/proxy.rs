@@ -161,7 +161,8 @@ impl Probe for Upstream {
             .insert(header::HOST, address.host.clone());
         async move {
             // Through the endpoint's own pool when it has one (a probe may reuse a warm
-            // connection, as with hyper-util's client).
+            // connection, as with hyper-util's client). The checker took `address` from the
+            // current set; one that discovery removed meanwhile has nothing left to check.
             let set = self.balancer.endpoint_set();
             let Some(endpoint) = set.endpoints().iter().find(|e| &e.address == address) else {
                 return false;

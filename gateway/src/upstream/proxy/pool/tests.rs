@@ -16,6 +16,8 @@ enum Mode {
     CloseAfterAnswer,
     /// Sends the head and half the body of its answer, then waits for the peer to go.
     HalfBody,
+    /// Reads the request, then closes without answering.
+    NoAnswer,
 }
 
 /// A raw HTTP/1.1 upstream on loopback, counting accepted connections and requests read.
@@ -75,6 +77,9 @@ async fn serve(mut socket: TcpStream, number: usize, mode: Mode, requests: Arc<A
             }
         }
         requests.fetch_add(1, Ordering::SeqCst);
+        if mode == Mode::NoAnswer {
+            return;
+        }
         let body = number.to_string();
         let reply = match mode {
             Mode::HalfBody => format!("HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{body}"),
@@ -88,7 +93,7 @@ async fn serve(mut socket: TcpStream, number: usize, mode: Mode, requests: Arc<A
         }
         match mode {
             Mode::KeepAlive => {}
-            Mode::CloseAfterAnswer => return,
+            Mode::CloseAfterAnswer | Mode::NoAnswer => return,
             Mode::HalfBody => {
                 // Until the gateway closes its side.
                 let _ = socket.read(&mut buf).await;
@@ -267,4 +272,18 @@ async fn a_refused_connect_is_a_connect_error() {
     ));
     let err = pool.send(get(&target)).await.unwrap_err();
     assert!(matches!(err, SendError::Connect(_)), "{err:?}");
+    let kind = super::super::ProxyError::from_pool(err, 0).kind();
+    assert_eq!(kind, super::super::ProxyErrorKind::ConnectRefused);
+}
+
+#[tokio::test]
+async fn a_request_the_upstream_read_is_not_sent_again() {
+    let upstream = Upstream::start(Mode::NoAnswer).await;
+    let pool = upstream.pool(8);
+    let err = pool.clone().send(get(&pool.target)).await.unwrap_err();
+    assert!(matches!(err, SendError::Exchange(_)), "{err:?}");
+    let kind = super::super::ProxyError::from_pool(err, 0).kind();
+    assert_eq!(kind, super::super::ProxyErrorKind::ResetAfterSent);
+    assert_eq!(upstream.requests(), 1);
+    assert!(pool.lock().is_empty());
 }
