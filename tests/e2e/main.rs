@@ -84,5 +84,7 @@ mod outlier_timeouts;
 mod upstream_balance;
 // Service discovery: endpoints_file rewritten without restart, host names re-resolved through a hosts file.
 mod upstream_discovery;
+// The plain HTTP/1.1 upstream pool: keep-alive reuse, connections the upstream closed never handed out, clients gone mid-body.
+mod upstream_pool;
 // Routing by host, method, headers and path (exact > pattern > prefix), 405, rewrite, per-route timeout, odd spellings.
 mod routing;

@@ -1,7 +1,9 @@
 //! The upstream client: one pooled keep-alive hyper client per upstream, sending each attempt
 //! to the endpoint `upstream::balance` picks (and feeding the outcome back to it), bodies streamed both ways, hop-by-hop headers removed (see `edge::hop_by_hop`:
 //! the client's at the edge, the upstream's here), `X-Forwarded-*` set.
-//! `https://` endpoints go through [`TlsConnector`]; HTTP/2 is spoken to upstreams that
+//! Plain HTTP/1.1 upstreams (`http://`, not `http2`) keep their connections in [`pool`]
+//! (per endpoint, LIFO, a task per connection); the others use hyper-util's client:
+//! `https://` endpoints go through [`TlsConnector`], and HTTP/2 is spoken to upstreams that
 //! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
 //!
 //! One call is one attempt, with no timeout of its own beyond connecting. Retries, backoff and breakers belong to the retry layer above;
@@ -27,18 +29,20 @@ use crate::pipeline::context::RequestContext;
 use crate::pipeline::held::{HeldBody, UntilEnd};
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
-use crate::upstream::balance::{Address, Balancer, InFlight, Outcome, Probe};
+use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Probe};
 use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
 
 mod client_body;
 mod connector;
 mod error;
+mod pool;
 mod request;
 mod resolver;
 
 use client_body::{BodyFailure, WitnessedBody};
 pub use connector::TlsConnector;
 pub use error::{ProxyError, ProxyErrorKind};
+use pool::{Pools, UpstreamBody};
 use request::prepare;
 pub use resolver::HttpConnector;
 
@@ -54,12 +58,20 @@ pub struct Upstream {
     client: Pool,
 }
 
-/// The connection pool of an upstream. Plain upstreams keep the bare `HttpConnector`
-/// client, so TLS support adds nothing to their per-request path.
+/// The connection pool of an upstream: plain HTTP/1.1 upstreams use [`Pools`]; plain HTTP/2
+/// ones keep hyper-util's client with the bare `HttpConnector`, so TLS support adds nothing
+/// to their per-request path.
 #[derive(Debug)]
 enum Pool {
+    Http1(Pools),
     Plain(Client<HttpConnector, Body>),
     Tls(Client<TlsConnector, Body>),
+}
+
+/// How an attempt failed, by the client that carried it.
+enum SendFailure {
+    Legacy(hyper_util::client::legacy::Error),
+    Pool(pool::SendError),
 }
 
 // === impl Upstream ===
@@ -82,6 +94,11 @@ impl Upstream {
             // Prior knowledge on http://; on https:// ALPN offers only h2 (see crate::tls).
             .http2_only(settings.http2);
         let client = match &settings.tls {
+            None if !settings.http2 => Pool::Http1(Pools::new(
+                connector,
+                settings.pool_max_idle,
+                POOL_IDLE_TIMEOUT,
+            )),
             None => Pool::Plain(builder.build(connector)),
             Some(tls) => Pool::Tls(builder.build(TlsConnector::new(
                 connector,
@@ -100,14 +117,23 @@ impl Upstream {
         &self.balancer
     }
 
+    /// Sends `request` (absolute target, `Host` set) to `endpoint`.
     async fn send(
         &self,
+        endpoint: &Endpoint,
         request: Request<Body>,
-    ) -> Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
-        match &self.client {
+    ) -> Result<Response<UpstreamBody>, SendFailure> {
+        let legacy = match &self.client {
+            Pool::Http1(pools) => {
+                let pool = pools.get(endpoint, &self.balancer);
+                return pool.send(request).await.map_err(SendFailure::Pool);
+            }
             Pool::Plain(client) => client.request(request).await,
             Pool::Tls(client) => client.request(request).await,
-        }
+        };
+        legacy
+            .map(|response| response.map(UpstreamBody::unpooled))
+            .map_err(SendFailure::Legacy)
     }
 }
 
@@ -134,7 +160,14 @@ impl Probe for Upstream {
             .headers_mut()
             .insert(header::HOST, address.host.clone());
         async move {
-            let response = self.send(request).await;
+            // Through the endpoint's own pool when it has one (a probe may reuse a warm
+            // connection, as with hyper-util's client). The checker took `address` from the
+            // current set; one that discovery removed meanwhile has nothing left to check.
+            let set = self.balancer.endpoint_set();
+            let Some(endpoint) = set.endpoints().iter().find(|e| &e.address == address) else {
+                return false;
+            };
+            let response = self.send(endpoint, request).await;
             response.is_ok_and(|r| r.status().is_success())
         }
         .boxed()
@@ -231,7 +264,7 @@ impl Service<Request<Body>> for Proxy {
                     upstream.balancer.record(&endpoint, Outcome::Failure);
                 }
             });
-            let result = upstream.send(request).await;
+            let result = upstream.send(&endpoint, request).await;
             if let Some(witness) = witness {
                 witness.disarm();
             }
@@ -247,7 +280,10 @@ impl Service<Request<Body>> for Proxy {
                 // failure better than hyper's report of it (see `client_body`).
                 let err = match body_failure.as_ref().and_then(BodyFailure::take) {
                     Some(body_err) => ProxyError::from_client_body(body_err, id),
-                    None => ProxyError::from_client(err, id),
+                    None => match err {
+                        SendFailure::Legacy(err) => ProxyError::from_client(err, id),
+                        SendFailure::Pool(err) => ProxyError::from_pool(err, id),
+                    },
                 };
                 upstream
                     .balancer

@@ -68,6 +68,25 @@ impl ProxyError {
         }
     }
 
+    /// Classifies a failure of the plain HTTP/1.1 pool (`pool`) as [`Self::from_client`]
+    /// classifies the legacy client's: connecting sent nothing; a failed exchange is the
+    /// client's body, or the connection broke with the request possibly written (a request
+    /// handed back unsent was already sent again by the pool).
+    pub(crate) fn from_pool(err: super::pool::SendError, endpoint: usize) -> Self {
+        use super::pool::SendError;
+        let kind = match &err {
+            SendError::Connect(cause) => classify_connect(cause.as_ref()),
+            SendError::Exchange(cause) => {
+                client_body_kind(cause).unwrap_or(ProxyErrorKind::ResetAfterSent)
+            }
+        };
+        Self {
+            kind,
+            endpoint: Some(endpoint),
+            source: Some(Box::new(err)),
+        }
+    }
+
     /// The client's request body failed while being sent (its own error, kept by
     /// `WitnessedBody`): too large, too slow or malformed — never the upstream's fault.
     pub(crate) fn from_client_body(err: axum::Error, endpoint: usize) -> Self {
@@ -128,14 +147,8 @@ impl ProxyError {
 }
 
 fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
-    if body_too_large(err).is_some() {
-        return ProxyErrorKind::BodyTooLarge;
-    }
-    if is_body_timeout(err) {
-        return ProxyErrorKind::BodyTimeout;
-    }
-    if is_client_body_error(err) {
-        return ProxyErrorKind::BadClientBody;
+    if let Some(kind) = client_body_kind(err) {
+        return kind;
     }
     // A certificate verdict, during the handshake or (TLS 1.3 client certificates) on the
     // first read after it.
@@ -149,21 +162,36 @@ fn classify(err: &hyper_util::client::legacy::Error) -> ProxyErrorKind {
                 _ => ProxyErrorKind::TlsHandshake,
             };
         }
-        // The resolver's own error type (see `resolver.rs`), not hyper-util's message.
-        if find::<DnsError>(err).is_some() {
-            return ProxyErrorKind::Dns;
-        }
-        if let Some(io) = find::<std::io::Error>(err) {
-            return match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => ProxyErrorKind::ConnectRefused,
-                std::io::ErrorKind::TimedOut => ProxyErrorKind::ConnectTimeout,
-                _ => ProxyErrorKind::ConnectRefused,
-            };
-        }
-        // A connect-phase error without an io cause: still nothing was sent.
-        return ProxyErrorKind::ConnectRefused;
+        return classify_connect(err);
     }
     ProxyErrorKind::ResetAfterSent
+}
+
+/// The client's own body failure in `err`'s cause chain, if that is what failed.
+fn client_body_kind(err: &(dyn std::error::Error + 'static)) -> Option<ProxyErrorKind> {
+    if body_too_large(err).is_some() {
+        return Some(ProxyErrorKind::BodyTooLarge);
+    }
+    if is_body_timeout(err) {
+        return Some(ProxyErrorKind::BodyTimeout);
+    }
+    if is_client_body_error(err) {
+        return Some(ProxyErrorKind::BadClientBody);
+    }
+    None
+}
+
+/// A failed TCP connect (resolution, refusal, timeout): nothing was sent.
+fn classify_connect(err: &(dyn std::error::Error + 'static)) -> ProxyErrorKind {
+    // The resolver's own error type (see `resolver.rs`), not hyper-util's message.
+    if find::<DnsError>(err).is_some() {
+        return ProxyErrorKind::Dns;
+    }
+    match find::<std::io::Error>(err).map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::TimedOut) => ProxyErrorKind::ConnectTimeout,
+        // Refused, or a connect-phase error without an io cause: still nothing was sent.
+        _ => ProxyErrorKind::ConnectRefused,
+    }
 }
 
 impl UpstreamFailure for ProxyError {
