@@ -13,7 +13,10 @@
 //! Reuse is LIFO (nginx's `keepalive` cache, Envoy's pool): the most recently used idle
 //! connection first, so a burst's surplus sits at the bottom and ages out. At most
 //! `pool_max_idle` connections stay idle (the oldest goes first), none reused after the idle
-//! timeout; both are enforced at checkout and checkin, with no timer per connection.
+//! timeout; both are enforced at checkout and checkin, with no timer per connection. When
+//! traffic stops, one reaper task per endpoint (running only while it has idle
+//! connections) closes each idle connection at its idle timeout, as nginx's
+//! `keepalive_timeout` does, so a quiet gateway holds no backend sockets for ever.
 //!
 //! A request that hyper hands back unsent (the reused connection turned out closed before a
 //! byte was written) goes once more on a fresh connection, as the legacy client's
@@ -21,7 +24,8 @@
 //! keeps connecting (nothing sent) apart from the exchange (the request may have been sent).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -69,6 +73,8 @@ pub(crate) struct EndpointPool {
     connector: HttpConnector,
     /// Oldest at the front, most recently used at the back.
     idle: Mutex<VecDeque<Idle>>,
+    /// A reaper task is running (read and written under the `idle` lock).
+    reaping: AtomicBool,
     max_idle: usize,
     idle_timeout: Duration,
 }
@@ -171,6 +177,7 @@ impl EndpointPool {
             target,
             connector,
             idle: Mutex::new(VecDeque::new()),
+            reaping: AtomicBool::new(false),
             max_idle,
             idle_timeout,
         }
@@ -248,22 +255,31 @@ impl EndpointPool {
 
     /// Puts an idle connection's sender on top of the stack, dropping expired ones and,
     /// at `max_idle`, the oldest.
-    fn checkin(&self, sender: SendRequest<Body>) {
+    fn checkin(self: &Arc<Self>, sender: SendRequest<Body>) {
         if self.max_idle == 0 {
             return;
         }
         let now = Instant::now();
         let mut idle = self.lock();
+        self.drop_expired(&mut idle, now);
+        if idle.len() >= self.max_idle {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { sender, since: now });
+        if !self.reaping.load(Ordering::Relaxed) {
+            self.reaping.store(true, Ordering::Relaxed);
+            tokio::spawn(reap(Arc::downgrade(self)));
+        }
+    }
+
+    /// Drops the idle connections whose idle timeout has passed at `now` (oldest first).
+    fn drop_expired(&self, idle: &mut VecDeque<Idle>, now: Instant) {
         while idle
             .front()
             .is_some_and(|i| now.saturating_duration_since(i.since) >= self.idle_timeout)
         {
             idle.pop_front();
         }
-        if idle.len() >= self.max_idle {
-            idle.pop_front();
-        }
-        idle.push_back(Idle { sender, since: now });
     }
 
     /// Returns a sender whose response body is done with: to the stack if its connection
@@ -282,5 +298,26 @@ impl EndpointPool {
                 }
             });
         }
+    }
+}
+
+/// Closes `pool`'s idle connections as their idle timeouts pass, until none is left idle
+/// (the next checkin starts another) or the pool is gone.
+async fn reap(pool: Weak<EndpointPool>) {
+    loop {
+        let next = {
+            let Some(pool) = pool.upgrade() else { return };
+            let mut idle = pool.lock();
+            pool.drop_expired(&mut idle, Instant::now());
+            match idle.front() {
+                Some(oldest) => oldest.since + pool.idle_timeout,
+                None => {
+                    // Under the lock, so a checkin either saw this run or starts the next.
+                    pool.reaping.store(false, Ordering::Relaxed);
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(next).await;
     }
 }

@@ -205,6 +205,33 @@ async fn idle_connections_are_not_reused_after_the_idle_timeout() {
 }
 
 #[tokio::test]
+async fn idle_connections_are_closed_at_their_timeout_when_traffic_stops() {
+    let upstream = Upstream::start(Mode::KeepAlive).await;
+    let pool = upstream.pool(8);
+    assert_eq!(fetch(&pool).await, "1");
+    idle_count(&pool, 1).await;
+    tokio::time::pause();
+    tokio::time::advance(pool.idle_timeout + Duration::from_secs(1)).await;
+    // The reaper runs on its own, with no request to trigger it.
+    idle_count(&pool, 0).await;
+    assert!(
+        !pool.reaping.load(Ordering::Relaxed),
+        "the reaper stops when nothing is idle"
+    );
+    tokio::time::resume();
+    assert_eq!(
+        fetch(&pool).await,
+        "2",
+        "a new connection; the reaped one was closed"
+    );
+    idle_count(&pool, 1).await;
+    assert!(
+        pool.reaping.load(Ordering::Relaxed),
+        "the next checkin starts a reaper"
+    );
+}
+
+#[tokio::test]
 async fn a_connection_the_peer_closed_is_skipped() {
     let upstream = Upstream::start(Mode::CloseAfterAnswer).await;
     let pool = upstream.pool(8);
