@@ -104,6 +104,53 @@ impl Client {
     }
 }
 
+/// An address as `Display` writes it, on the stack; IPv4 (the usual peer) without
+/// `core::fmt`. Formatted per request for `X-Forwarded-For` and the access log.
+pub(crate) struct IpText {
+    bytes: [u8; 45], // the longest IPv6 text
+    len: usize,
+}
+
+impl IpText {
+    pub(crate) fn new(ip: IpAddr) -> Self {
+        let mut text = Self {
+            bytes: [0; 45],
+            len: 0,
+        };
+        match ip {
+            IpAddr::V4(v4) => {
+                let mut digits = itoa::Buffer::new();
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push(b".");
+                    }
+                    text.push(digits.format(octet).as_bytes());
+                }
+            }
+            IpAddr::V6(v6) => {
+                use std::io::Write as _;
+                let mut cursor = std::io::Cursor::new(&mut text.bytes[..]);
+                // 45 bytes hold any IPv6 text, so the write cannot run out of room.
+                let _ = write!(cursor, "{v6}");
+                text.len = usize::try_from(cursor.position()).unwrap_or(0);
+            }
+        }
+        text
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        // At most 15 bytes for IPv4: always in bounds.
+        if let Some(slot) = self.bytes.get_mut(self.len..self.len + part.len()) {
+            slot.copy_from_slice(part);
+            self.len += part.len();
+        }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// IPv4-mapped IPv6 addresses compare as IPv4.
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
@@ -168,7 +215,33 @@ mod tests {
         assert!(trusted().contains(peer));
     }
 
+    #[test]
+    fn ip_text_is_what_display_writes() {
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.200.7",
+            "::1",
+            "::ffff:1.2.3.4",
+            "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255",
+            "2001:db8:85a3:1234:5678:8a2e:370:7334",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(IpText::new(ip).as_bytes(), ip.to_string().as_bytes());
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn ip_text_matches_display(octets in proptest::array::uniform16(proptest::num::u8::ANY)) {
+            let v6 = IpAddr::from(octets);
+            let v4 = IpAddr::from([octets[0], octets[1], octets[2], octets[3]]);
+            for ip in [v4, v6] {
+                let (text, shown) = (IpText::new(ip), ip.to_string());
+                proptest::prop_assert_eq!(text.as_bytes(), shown.as_bytes());
+            }
+        }
+
         #[test]
         fn forwarded_chains_never_panic(xff in proptest::collection::vec(proptest::num::u8::ANY, 0..120), trusted_peer in proptest::bool::ANY) {
             let mut headers = HeaderMap::new();

@@ -15,13 +15,13 @@
 
 use std::cell::RefCell;
 use std::io::Write as _;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Datelike, Timelike, Utc};
 
 use super::AccessLine;
+use crate::upstream::forwarded::IpText;
 
 /// Set once at start-up when logs are human text without colour on stderr.
 static DIRECT: AtomicBool = AtomicBool::new(false);
@@ -124,7 +124,7 @@ fn fields(buf: &mut Vec<u8>, line: &AccessLine, duration: Duration) {
     dash(buf, line.tenant.as_deref());
     buf.extend_from_slice(b" client_ip=");
     match line.client_ip {
-        Some(ip) => ip_text(buf, ip),
+        Some(ip) => buf.extend_from_slice(IpText::new(ip).as_bytes()),
         None => buf.push(b'-'),
     }
     buf.extend_from_slice(b" method=");
@@ -187,24 +187,6 @@ fn hex32(buf: &mut Vec<u8>, id: u128) {
     }
 }
 
-/// The address as `Display` writes it; IPv4, the usual case, without `core::fmt`.
-fn ip_text(buf: &mut Vec<u8>, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut digits = itoa::Buffer::new();
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    buf.push(b'.');
-                }
-                buf.extend_from_slice(digits.format(octet).as_bytes());
-            }
-        }
-        IpAddr::V6(v6) => {
-            let _ = write!(buf, "{v6}");
-        }
-    }
-}
-
 /// Milliseconds at microsecond resolution, as `Debug` writes the `f64` the `tracing` path
 /// logs (`(micros as f64) / 1000.0`): `0.434`, `12.5`, `3.0`.
 fn millis(buf: &mut Vec<u8>, duration: Duration) {
@@ -225,6 +207,7 @@ fn millis(buf: &mut Vec<u8>, duration: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
     use std::sync::Arc;
 
     use axum::body::Body;

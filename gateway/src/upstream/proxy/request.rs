@@ -1,8 +1,6 @@
 //! The request an attempt sends: the client's, rewritten for the chosen endpoint (target,
 //! `Host`, `X-Forwarded-*`).
 
-use std::io::Write as _;
-
 use axum::body::Body;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
@@ -14,6 +12,7 @@ use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
 use crate::upstream::balance::Address;
 use crate::upstream::forwarded::Client;
+use crate::upstream::forwarded::IpText;
 
 /// Rewrites the request for the chosen endpoint.
 pub(super) fn prepare(
@@ -74,12 +73,7 @@ fn forwarded_for(client: &Client, headers: &HeaderMap) -> Option<HeaderValue> {
     if client.peer_trusted && headers.contains_key(&X_FORWARDED_FOR) {
         return HeaderValue::from_str(&client.forwarded_for(headers)).ok();
     }
-    // The longest IPv6 text is 45 bytes.
-    let mut buf = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    write!(cursor, "{}", client.peer).ok()?;
-    let len = usize::try_from(cursor.position()).ok()?;
-    HeaderValue::from_bytes(buf.get(..len)?).ok()
+    HeaderValue::from_bytes(IpText::new(client.peer).as_bytes()).ok()
 }
 
 /// The path the upstream receives: as the client sent it (normalised), or with the matched
