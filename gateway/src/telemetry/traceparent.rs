@@ -59,21 +59,21 @@ impl TraceParent {
 /// `00-{trace_id}-{span_id}-{flags}`, written into a stack buffer: the header value is the
 /// only allocation.
 pub(crate) fn format(trace_id: u128, span_id: u64, flags: u8) -> HeaderValue {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = *b"00-00000000000000000000000000000000-0000000000000000-00";
-    let fields = [
-        (3..35, trace_id),
-        (36..52, u128::from(span_id)),
-        (53..55, u128::from(flags)),
-    ];
-    for (range, value) in fields {
-        let width = range.len();
-        for (i, slot) in text[range].iter_mut().enumerate() {
-            let shift = 4 * (width - 1 - i);
-            *slot = DIGITS[((value >> shift) & 0xf) as usize];
-        }
-    }
+    put_hex(&mut text[3..35], &trace_id.to_be_bytes());
+    put_hex(&mut text[36..52], &span_id.to_be_bytes());
+    put_hex(&mut text[53..55], &[flags]);
     HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `bytes` as lower-case hex into `slot` (two digits per byte; a shorter `slot` takes the
+/// leading bytes). Trace and span ids are written this way here and in the access log.
+pub(crate) fn put_hex(slot: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in slot.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
 }
 
 /// A `tracestate` worth forwarding: visible ASCII, bounded; anything else is dropped (the

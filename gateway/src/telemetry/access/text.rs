@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 
 use super::AccessLine;
+use crate::telemetry::traceparent::put_hex;
 use crate::upstream::forwarded::IpText;
 
 /// Set once at start-up when logs are human text without colour on stderr.
@@ -119,7 +120,9 @@ fn fields(buf: &mut Vec<u8>, line: &AccessLine, duration: Duration) {
     buf.extend_from_slice(b"request request_id=");
     dash(buf, line.request_id.as_ref().and_then(|v| v.to_str().ok()));
     buf.extend_from_slice(b" trace_id=");
-    hex32(buf, exchange.trace_id());
+    let mut trace_id = [0; 32];
+    put_hex(&mut trace_id, &exchange.trace_id().to_be_bytes());
+    buf.extend_from_slice(&trace_id);
     buf.extend_from_slice(b" tenant=");
     dash(buf, line.tenant.as_deref());
     buf.extend_from_slice(b" client_ip=");
@@ -175,15 +178,6 @@ fn quoted(buf: &mut Vec<u8>, value: &str) {
         buf.push(b'"');
     } else {
         let _ = write!(buf, "{value:?}");
-    }
-}
-
-/// 32 lower-case hex digits (`{:032x}`).
-fn hex32(buf: &mut Vec<u8>, id: u128) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..32).rev() {
-        // The mask keeps four bits, so the index is below 16.
-        buf.push(HEX[((id >> (shift * 4)) & 0xf) as usize]);
     }
 }
 
