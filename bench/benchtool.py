@@ -317,6 +317,16 @@ def summarize(outdir):
                 xs = [by[(k, "pc-pass")]["rps"] / by[(k, "nginx")]["rps"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
                 w(f"\nPass-through goal (issue 2): req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
                   f"({'met' if _median(xs) >= 1.0 else '**missed**'}).")
+            floors = [t for t in ("floor-pooled", "floor-dedicated") if t in targets and "nginx" in targets]
+            if floors:
+                w("\nThe floor (`--floor`: `bench-bareproxy`, hyper's server and client with nothing between "
+                  "them), median of same-round ratios:\n")
+                w("| target | × nginx | pc-pass × this floor |")
+                w("|---|---:|---:|")
+                for t in floors:
+                    xs = [by[(k, t)]["rps"] / by[(k, "nginx")]["rps"] for k in rounds if (k, t) in by and (k, "nginx") in by]
+                    ys = [by[(k, "pc-pass")]["rps"] / by[(k, t)]["rps"] for k in rounds if (k, t) in by and (k, "pc-pass") in by]
+                    w(f"| {t} | {_median(xs):.2f} | {_median(ys):.2f} |")
         if phase == "lat" and "pc-pass" in targets and "nginx" in targets:
             xs = [by[(k, "pc-pass")]["p99"] / by[(k, "nginx")]["p99"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
             w(f"\nPass-through goal (issue 2): p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "

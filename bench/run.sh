@@ -2,7 +2,7 @@
 # Portcullis benchmark harness: Portcullis vs nginx vs the bare backend, on loopback, pinned.
 #
 # Usage:
-#   bench/run.sh [--no-build] [--quick] [--profile] [--no-amp] [--jemalloc]
+#   bench/run.sh [--no-build] [--quick] [--profile] [--no-amp] [--jemalloc] [--floor]
 #
 #   --no-build   use the release binaries already in $CARGO_TARGET_DIR (default target-bench/)
 #   --quick      smoke run: 2 rounds x 2 s, short amplification scenario (numbers not citable)
@@ -11,6 +11,10 @@
 #   --no-amp     skip the retry-amplification scenario
 #   --jemalloc   add target pc-pass-je: the same pass-through gateway binary with
 #                LD_PRELOAD=libjemalloc.so.2 (an allocator A/B without changing code)
+#   --floor      add targets floor-pooled and floor-dedicated: `bench-bareproxy`, hyper's
+#                server and client with nothing of the gateway between them (hyper-util's
+#                pooled client, or one upstream connection per client connection), the
+#                floor of pass-through cost on the gateway's building blocks
 #
 # Environment overrides (defaults in brackets): ROUNDS [5], DURATION [5] (s per target and
 # round), CONNS [64], LAT_ROUNDS [3], LAT_DURATION [3] (s measured per open-loop run, after
@@ -61,7 +65,7 @@ SHARED_NGINX=${SHARED_NGINX:-$ROOT/../shared/bench/nginx.conf}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-bench}
 BIN=$CARGO_TARGET_DIR/release
 
-BUILD=1 PROFILE=0 AMP=1 QUICK=0 JEMALLOC=0
+BUILD=1 PROFILE=0 AMP=1 QUICK=0 JEMALLOC=0 FLOOR=0
 for arg in "$@"; do
     case $arg in
         --no-build) BUILD=0 ;;
@@ -69,6 +73,7 @@ for arg in "$@"; do
         --no-amp) AMP=0 ;;
         --quick) QUICK=1 ;;
         --jemalloc) JEMALLOC=1 ;;
+        --floor) FLOOR=1 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $arg (see --help)" >&2; exit 2 ;;
     esac
@@ -359,6 +364,18 @@ if [[ $JEMALLOC == 1 ]]; then
     start_gateway gw-pass-je "$GW_JE" "GET pass-through, jemalloc (LD_PRELOAD)" "$JEMALLOC_SO"
 fi
 
+if [[ $FLOOR == 1 ]]; then
+    [[ -x $BIN/bench-bareproxy ]] || { echo "--floor: missing $BIN/bench-bareproxy (build portcullis-testkit)" >&2; exit 1; }
+    FLOOR_POOLED=$(free_port) FLOOR_DEDICATED=$(free_port)
+    for kind in pooled dedicated; do
+        port=$([[ $kind == pooled ]] && echo "$FLOOR_POOLED" || echo "$FLOOR_DEDICATED")
+        taskset -c "$SUT_CPU" "$BIN/bench-bareproxy" --port "$port" --upstream "127.0.0.1:$UP" \
+            --client "$kind" >"$RAW/floor-$kind.log" 2>&1 &
+        PIDS+=($!)
+        wait_http "http://127.0.0.1:$port/x"
+    done
+fi
+
 # --------------------------------------------------------------------------- targets
 # name | group | url | method | per-request header | "auth": send the tenant's API key
 TARGETS=(
@@ -369,6 +386,8 @@ TARGETS=(
     "pc-rl-local|get|http://127.0.0.1:$GW_RL/x|GET||auth"
     "pc-rl-redis|get|http://127.0.0.1:$GW_RL_REDIS/x|GET||auth"
     $([[ $JEMALLOC == 1 ]] && echo "pc-pass-je|get|http://127.0.0.1:$GW_JE/x|GET|" || true) # || true: set -e
+    $([[ $FLOOR == 1 ]] && echo "floor-pooled|get|http://127.0.0.1:$FLOOR_POOLED/x|GET|" || true)
+    $([[ $FLOOR == 1 ]] && echo "floor-dedicated|get|http://127.0.0.1:$FLOOR_DEDICATED/x|GET|" || true)
     "direct-post|post|http://127.0.0.1:$UP/orders|POST|X-Bench-Seq"
     "nginx-post|post|http://127.0.0.1:$NGX_PROXY/orders|POST|X-Bench-Seq"
     "pc-unkeyed|post|http://127.0.0.1:$GW_MEM/orders|POST|X-Bench-Seq"
