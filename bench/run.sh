@@ -194,6 +194,8 @@ pick_port GW_JE 28560
 pick_port GW_AMP2 28550
 pick_port GW_RL 28570
 pick_port GW_RL_MEM 28575
+pick_port FLOOR_POOLED 28580
+pick_port FLOOR_DEDICATED 28585
 pick_port GW_RL_REDIS 28580
 pick_port ADMIN_BASE 28600
 
@@ -366,7 +368,6 @@ fi
 
 if [[ $FLOOR == 1 ]]; then
     [[ -x $BIN/bench-bareproxy ]] || { echo "--floor: missing $BIN/bench-bareproxy (build portcullis-testkit)" >&2; exit 1; }
-    FLOOR_POOLED=$(free_port) FLOOR_DEDICATED=$(free_port)
     for kind in pooled dedicated; do
         port=$([[ $kind == pooled ]] && echo "$FLOOR_POOLED" || echo "$FLOOR_DEDICATED")
         taskset -c "$SUT_CPU" "$BIN/bench-bareproxy" --port "$port" --upstream "127.0.0.1:$UP" \
