@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Method, Request, Response};
@@ -27,10 +28,19 @@ const LATENCY_BUCKETS: &[f64] = &[
     5.0, 10.0, 30.0,
 ];
 
+/// How often recorded histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the recorder once per process and returns the handle that renders it. `None` when
 /// another recorder was installed first (then metrics go there).
+///
+/// The recorder keeps every histogram sample until its upkeep folds them into the buckets.
+/// Nothing else runs it but a scrape, so without one a process that is never scraped would
+/// grow by 8 bytes per sample (three per proxied request: 100 MiB after a few million
+/// requests). A thread of its own runs it every second, off the request path, as the
+/// exporter's own `install` does.
 pub fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
@@ -40,6 +50,14 @@ pub fn install() -> Option<PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            let upkeep = handle.clone();
+            // Without the thread, samples are still folded at every scrape.
+            let _ = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(UPKEEP_EVERY);
+                    upkeep.run_upkeep();
+                });
             Some(handle)
         })
         .clone()
