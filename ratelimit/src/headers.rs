@@ -87,11 +87,18 @@ pub fn write_headers(
 /// limiter's decisions and other limits that speak the draft (the gateway's concurrency
 /// limit) go through it. `None` only for a name that is not header-safe.
 pub fn ratelimit_field(name: &str, remaining: u64, t_secs: Option<u64>) -> Option<HeaderValue> {
-    let field = match t_secs {
-        Some(t) => format!("\"{name}\";r={remaining};t={t}"),
-        None => format!("\"{name}\";r={remaining}"),
-    };
-    HeaderValue::from_str(&field).ok()
+    // Written on every limited response: bytes and `itoa`, not `format!`.
+    let mut digits = itoa::Buffer::new();
+    let mut field = Vec::with_capacity(name.len() + 48);
+    field.push(b'"');
+    field.extend_from_slice(name.as_bytes());
+    field.extend_from_slice(b"\";r=");
+    field.extend_from_slice(digits.format(remaining).as_bytes());
+    if let Some(t) = t_secs {
+        field.extend_from_slice(b";t=");
+        field.extend_from_slice(digits.format(t).as_bytes());
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(field)).ok()
 }
 
 /// Writes the headers for the decision of `verdict` that should be reported (see
