@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
 
 use portcullis_ratelimit::{LimitKey, Period, Policy, Principal};
 
@@ -174,7 +175,9 @@ pub fn build_policy(
 pub struct Snapshot {
     /// Configuration version the snapshot was read at.
     pub(crate) version: i64,
-    by_key_hash: HashMap<[u8; 32], Arc<Tenant>>,
+    /// Keyed by SHA-256 digests: uniformly spread already, so a cheap hasher (the stored
+    /// keys are the administrators', a caller cannot choose what collides with them).
+    by_key_hash: FxHashMap<[u8; 32], Arc<Tenant>>,
     by_id: HashMap<Arc<str>, Arc<Tenant>>,
 }
 
@@ -247,9 +250,15 @@ impl Directory {
         Ok(directory)
     }
 
-    /// The current snapshot.
+    /// The current snapshot, to keep (across awaits, or for a while).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot for one lookup on the request path: no reference count taken.
+    /// Hold it briefly and never across an await (`arc_swap::Guard`).
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
     }
 
     /// Loads the database's tenants and installs them, unless the admin API or the poll

@@ -63,7 +63,7 @@ pub(crate) fn resolve_caller(
         return Ok(Caller::Anonymous);
     };
     let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-    let snapshot = directory.snapshot();
+    let snapshot = directory.load();
     match snapshot.by_key_hash(&hash) {
         Some(tenant) if !tenant.disabled => {
             headers.remove(source);

@@ -156,7 +156,7 @@ impl JwtAuth {
         };
         let tenant_id = check_claims(&claims, rules, now)?;
         let tenant = directory
-            .snapshot()
+            .load()
             .by_id(&tenant_id)
             .filter(|t| !t.disabled)
             .cloned()
