@@ -22,7 +22,7 @@ admin_listen = "127.0.0.1:$3"
 worker_threads = 2
 shutdown_grace = "1s"
 
-# As nginx's `access_log off` in the peer configuration (and bench/run.sh).
+# As nginx's access_log off in the peer configuration (and bench/run.sh).
 [telemetry]
 access_log = false
 
