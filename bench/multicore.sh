@@ -2,24 +2,27 @@
 # Multi-core check (issue 14): 2 workers each, nothing pinned. nginx (worker_processes 2,
 # the shared peer config) vs Portcullis (worker_threads 2), pass-through and local rate
 # limit (tenant + global bucket that never rejects), wrk -t2 -c128 -d5s, 3 rounds alternating.
+# Also `pc-pass-2x1`: two Portcullis processes with one worker each (19815, 19817), each
+# driven by its own wrk -t1 -c64 at the same time, their req/s summed: what one process per
+# core (nginx's model) would give on this machine.
 # Uses the release binaries of bench/run.sh (target-bench/); ports 18080-18094 and
 # 19811-19814 on 127.0.0.1; every process is stopped by PID.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target-bench}/release
 D=$(mktemp -d /tmp/portcullis-multicore.XXXXXX); mkdir -p $D/nginx
-P1= P2= NGP= UPP=
-trap 'kill $P1 $P2 $NGP $UPP 2>/dev/null; wait 2>/dev/null; rm -rf "$D"' EXIT
+P1= P2= P3= P4= NGP= UPP=
+trap 'kill $P1 $P2 $P3 $P4 $NGP $UPP 2>/dev/null; wait 2>/dev/null; rm -rf "$D"' EXIT
 UP=18080
 $BIN/bench-upstream --port $UP --threads 2 > $D/up.log 2>&1 & UPP=$!
 sed -e 's/^worker_processes 1;/worker_processes 2;/' $ROOT/../shared/bench/nginx.conf > $D/nginx/nginx.conf
 nginx -p $D/nginx/ -c $D/nginx/nginx.conf -e $D/nginx/error.log > $D/nginx.log 2>&1 & NGP=$!
-mk() { # name port admin rl
+mk() { # name port admin rl [workers]
 cat > $D/$1.toml <<TOML
 [server]
 listen = "127.0.0.1:$2"
 admin_listen = "127.0.0.1:$3"
-worker_threads = 2
+worker_threads = ${5:-2}
 shutdown_grace = "1s"
 
 # As nginx's access_log off in the peer configuration (and bench/run.sh).
@@ -55,12 +58,16 @@ prefix = "/"
 upstream = "backend"
 TOML
 }
-mk pass 19811 19812 0; mk rl 19813 19814 1
+mk pass 19811 19812 0; mk rl 19813 19814 1; mk one-a 19815 19816 0 1; mk one-b 19817 19818 0 1
 $BIN/portcullis --config $D/pass.toml > $D/pass.log 2>&1 & P1=$!
 $BIN/portcullis --config $D/rl.toml > $D/rl.log 2>&1 & P2=$!
-for p in 19811 19813; do for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:$p/readyz && break; sleep 0.1; done; done
+$BIN/portcullis --config $D/one-a.toml > $D/one-a.log 2>&1 & P3=$!
+$BIN/portcullis --config $D/one-b.toml > $D/one-b.log 2>&1 & P4=$!
+for p in 19811 19813 19815 19817; do for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:$p/readyz && break; sleep 0.1; done; done
 AUTH=(-H "Authorization: Bearer pc-bench-0123456789abcdef")
 run() { wrk -t2 -c128 -d5s "${@:2}" http://127.0.0.1:$1/x 2>/dev/null | awk '/Requests\/sec/{print $2}'; }
+run_1() { wrk -t1 -c64 -d5s http://127.0.0.1:$1/x 2>/dev/null | awk '/Requests\/sec/{print $2}'; }
+two() { (run_1 19815 & run_1 19817 & wait) | awk '{s += $1} END {printf "%.2f", s}'; }
 for r in 1 2 3; do
-  echo "round $r nginx-pass $(run 18090) pc-pass $(run 19811) nginx-limit $(run 18091 "${AUTH[@]}") pc-rl $(run 19813 "${AUTH[@]}")"
+  echo "round $r nginx-pass $(run 18090) pc-pass $(run 19811) nginx-limit $(run 18091 "${AUTH[@]}") pc-rl $(run 19813 "${AUTH[@]}") pc-pass-2x1 $(two)"
 done
