@@ -97,19 +97,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     // The banner is printed by `run` once both listeners are bound, in this format.
     init_tracing(config.server.log_format);
-    // One worker thread: a current-thread runtime, so requests, upstream connections and
-    // timers share one event loop without cross-thread wake-ups (like one nginx worker).
-    let mut runtime = if config.server.worker_threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if config.server.worker_threads > 0 {
-            builder.worker_threads(config.server.worker_threads);
-        }
-        builder
-    };
-    runtime.enable_all();
-    let runtime = runtime.build().context("cannot start the async runtime")?;
+    // A current-thread runtime: requests, upstream connections and timers share one event
+    // loop without cross-thread wake-ups (like one nginx worker). With more workers, the
+    // proxy listener starts one such runtime per extra worker (`edge::listener::accept`).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(portcullis_gateway::run(config, shutdown_signal()))?;
     Ok(())
 }

@@ -158,8 +158,18 @@ async fn send_big(socket: &mut TcpStream) {
 }
 
 async fn gateway(upstream: &RawUpstream) -> GatewayProcess {
+    gateway_with_workers(upstream, 1).await
+}
+
+/// One worker by default: each worker keeps its own pool (as each nginx worker keeps its
+/// own `keepalive` cache), so with more, client connections accepted by different workers
+/// use different upstream connections.
+async fn gateway_with_workers(upstream: &RawUpstream, workers: usize) -> GatewayProcess {
     // No retries: a request sent on a dead connection would show as a 502.
-    let config = single_route_config(&format!("http://{}", upstream.addr), "");
+    let config = format!(
+        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\nworker_threads = {workers}\n\n{}",
+        single_route_config(&format!("http://{}", upstream.addr), "")
+    );
     GatewayProcess::start(BIN, &config).await
 }
 
@@ -173,6 +183,29 @@ async fn post(gateway: &GatewayProcess, path: &str) -> Option<u16> {
 
 fn targets(seen: &[(usize, String, Vec<u8>)]) -> Vec<&str> {
     seen.iter().map(|(_, t, _)| t.as_str()).collect()
+}
+
+#[tokio::test]
+async fn with_two_workers_each_keeps_its_own_pool_and_every_request_arrives_once() {
+    let upstream = RawUpstream::start().await;
+    let gateway = gateway_with_workers(&upstream, 2).await;
+    // Sequential requests on fresh client connections land on either worker: each worker
+    // opens at most one upstream connection for them and reuses it.
+    for i in 0..20 {
+        let status = post(&gateway, &format!("/w/{i}")).await;
+        assert_eq!(status, Some(200), "#{i}: {}", gateway.logs());
+    }
+    let seen = upstream.seen();
+    let mut paths = targets(&seen);
+    paths.sort_unstable();
+    let mut expected: Vec<String> = (0..20).map(|i| format!("/w/{i}")).collect();
+    expected.sort_unstable();
+    assert_eq!(paths, expected, "each request exactly once");
+    assert!(
+        (1..=2).contains(&upstream.connections()),
+        "at most one upstream connection per worker: {}",
+        upstream.connections()
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,12 @@ pub async fn run(
     telemetry::export::install(&config.telemetry)?;
     let stores = Stores::open(&config).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Before the upstreams: their pools are per worker.
+    let workers = match config.server.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    upstream::worker::set_count(workers);
     let (upstreams, dependencies) = upstreams(&config);
     // Names resolved (and endpoint files read) before the first request; then kept current.
     upstream::balance::start(&upstreams, &stop_rx).await;
@@ -90,7 +96,7 @@ pub async fn run(
         admin_options,
         stopped(&stop_rx),
     ));
-    edge::listener::serve(listener, service, options, async move {
+    edge::listener::serve_workers(listener, service, options, workers, async move {
         shutdown.await;
         tracing::info!("shutdown requested");
         health.start_draining();

@@ -9,3 +9,4 @@ pub mod demo;
 pub(crate) mod fleet;
 pub mod forwarded;
 pub mod proxy;
+pub(crate) mod worker;

@@ -30,6 +30,7 @@ use crate::pipeline::held::{HeldBody, UntilEnd};
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Probe};
+use crate::upstream::worker;
 use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
 
 mod client_body;
@@ -63,9 +64,28 @@ pub struct Upstream {
 /// to their per-request path.
 #[derive(Debug)]
 enum Pool {
-    Http1(Pools),
+    Http1(PerWorker),
     Plain(Client<HttpConnector, Body>),
     Tls(Client<TlsConnector, Body>),
+}
+
+/// The plain HTTP/1.1 pools of an upstream, one set per worker thread (`upstream::worker`):
+/// a connection's task runs on the runtime that opened it, so the requests it carries come
+/// from that thread too and never wake another.
+#[derive(Debug)]
+struct PerWorker {
+    first: Pools,
+    rest: Box<[Pools]>,
+}
+
+impl PerWorker {
+    /// The pools of the worker this thread is (worker 0's for any other thread).
+    fn current(&self) -> &Pools {
+        match worker::index() {
+            0 => &self.first,
+            i => self.rest.get(i - 1).unwrap_or(&self.first),
+        }
+    }
 }
 
 /// How an attempt failed, by the client that carried it.
@@ -94,11 +114,14 @@ impl Upstream {
             // Prior knowledge on http://; on https:// ALPN offers only h2 (see crate::tls).
             .http2_only(settings.http2);
         let client = match &settings.tls {
-            None if !settings.http2 => Pool::Http1(Pools::new(
-                connector,
-                settings.pool_max_idle,
-                POOL_IDLE_TIMEOUT,
-            )),
+            None if !settings.http2 => {
+                let pools =
+                    || Pools::new(connector.clone(), settings.pool_max_idle, POOL_IDLE_TIMEOUT);
+                Pool::Http1(PerWorker {
+                    first: pools(),
+                    rest: (1..worker::count()).map(|_| pools()).collect(),
+                })
+            }
             None => Pool::Plain(builder.build(connector)),
             Some(tls) => Pool::Tls(builder.build(TlsConnector::new(
                 connector,
@@ -124,8 +147,8 @@ impl Upstream {
         request: Request<Body>,
     ) -> Result<Response<UpstreamBody>, SendFailure> {
         let legacy = match &self.client {
-            Pool::Http1(pools) => {
-                let pool = pools.get(endpoint, &self.balancer);
+            Pool::Http1(per_worker) => {
+                let pool = per_worker.current().get(endpoint, &self.balancer);
                 return pool.send(request).await.map_err(SendFailure::Pool);
             }
             Pool::Plain(client) => client.request(request).await,

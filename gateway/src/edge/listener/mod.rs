@@ -37,6 +37,7 @@
 //! (HTTP/1: close after the response in flight; HTTP/2: GOAWAY), and waits for them within
 //! `server.shutdown_grace`.
 
+mod accept;
 pub(crate) mod activity;
 mod service;
 mod sniff;
@@ -44,7 +45,7 @@ mod watchdog;
 mod watched;
 
 use std::convert::Infallible;
-use std::future::Future;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,11 +56,12 @@ use http::{HeaderValue, Request, Response};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
 use tokio_rustls::TlsAcceptor;
 use tower::util::BoxCloneService;
 
+pub use self::accept::{serve, serve_workers};
 pub use self::activity::Activity;
 use self::activity::Timeouts;
 use self::service::ConnectionService;
@@ -286,91 +288,4 @@ fn closed(reason: &'static str, listener: &'static str, peer: SocketAddr) {
     tracing::debug!(%peer, reason, listener, "closing connection");
     metrics::counter!("connections_closed_total", "listener" => listener, "reason" => reason)
         .increment(1);
-}
-
-/// Serves `service` on `listener` until `shutdown` resolves, then drains within the grace.
-pub async fn serve(
-    listener: TcpListener,
-    service: HttpService,
-    options: ServeOptions,
-    shutdown: impl Future<Output = ()>,
-) {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let grace = options.shutdown_grace;
-    let name = options.name;
-    // The drain messages name the listener and its address (`proxy 127.0.0.1:8080`), so an
-    // operator can tell the two listeners' shutdowns apart.
-    let label = match listener.local_addr() {
-        Ok(addr) => format!("{name} {addr}"),
-        Err(_) => name.to_owned(),
-    };
-    let cap = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-    let slots = Arc::new(Semaphore::new(cap));
-    let shared = Arc::new(Listener::new(options, stop_rx));
-    let open = metrics::gauge!("connections_open", "listener" => name);
-    let refused = metrics::counter!("connections_refused_total", "listener" => name);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(pair) => pair,
-                    Err(err) => {
-                        // Out of file descriptors and the like: back off briefly instead of spinning.
-                        tracing::warn!(%err, listener = name, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let (shared, open, pipeline) = (shared.clone(), open.clone(), service.clone());
-                let (slots, refused) = (slots.clone(), refused.clone());
-                // The accept loop never waits: at the cap, the connection's own task waits
-                // briefly for a reclaimed slot.
-                tokio::spawn(async move {
-                    let Some(slot) = take_slot(&slots, &shared).await else {
-                        refused.increment(1);
-                        tracing::debug!(%peer, listener = name, "connection cap reached; connection closed");
-                        return;
-                    };
-                    open.increment(1.0);
-                    shared.connection(pipeline, stream, peer).await;
-                    open.decrement(1.0);
-                    drop(slot);
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    tracing::info!(
-        grace_ms = grace.as_millis() as u64,
-        listener = name,
-        "{label} draining connections"
-    );
-    let _ = stop_tx.send(true);
-    // Every connection holds a slot until it ends: all slots back means all drained.
-    let all = u32::try_from(cap).unwrap_or(u32::MAX);
-    if tokio::time::timeout(grace, slots.acquire_many(all))
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            listener = name,
-            "{label}: grace period over; closing remaining connections"
-        );
-    }
-}
-
-/// A connection slot: at once if one is free; else idle connections are asked to close
-/// and the new connection waits briefly for one of them.
-async fn take_slot(slots: &Arc<Semaphore>, listener: &Listener) -> Option<OwnedSemaphorePermit> {
-    if let Ok(slot) = slots.clone().try_acquire_owned() {
-        return Some(slot);
-    }
-    listener.reclaim_idle();
-    tokio::time::timeout(RECLAIM_WAIT, slots.clone().acquire_owned())
-        .await
-        .ok()?
-        .ok()
 }
