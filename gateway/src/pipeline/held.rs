@@ -19,10 +19,38 @@ pub(crate) trait Held: Send + Unpin + 'static {
     /// A data frame of `len` bytes is passed on (the access log counts them).
     fn sent(&mut self, _len: usize) {}
 
-    /// The body ended (its last frame, or an error), possibly before it is dropped: hyper
-    /// keeps a finished body until the connection's next request, so a count that must see
-    /// the end at once (the listener's idle clock) is given back here.
+    /// The body ended (its last frame, an empty body at once, or an error), possibly long
+    /// before it is dropped: hyper stops polling a body that says it has ended and keeps it
+    /// until the connection's next request, so a count that must see the end at once (the
+    /// listener's idle clock) is given back here. Called at most once.
     fn ended(&mut self) {}
+
+    /// The body failed (the connection carrying it broke). By default the same as
+    /// [`ended`](Self::ended); the upstream pool closes the connection instead of reusing it.
+    fn failed(&mut self) {
+        self.ended();
+    }
+}
+
+/// Nothing held, or one thing (the upstream pool's connection, only for pooled upstreams).
+impl<T: Held> Held for Option<T> {
+    fn sent(&mut self, len: usize) {
+        if let Some(held) = self {
+            held.sent(len);
+        }
+    }
+
+    fn ended(&mut self) {
+        if let Some(held) = self {
+            held.ended();
+        }
+    }
+
+    fn failed(&mut self) {
+        if let Some(held) = self {
+            held.failed();
+        }
+    }
 }
 
 /// Kept only until the body's last frame or error, not until the body is dropped.
@@ -79,6 +107,11 @@ impl<A: Held, B: Held> Held for Both<A, B> {
         self.0.ended();
         self.1.ended();
     }
+
+    fn failed(&mut self) {
+        self.0.failed();
+        self.1.failed();
+    }
 }
 
 impl<A: Held, B: Held> Finish for Both<A, B> {
@@ -93,13 +126,40 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         held: H,
+        // `held` was told the body ended (or failed).
+        done: bool,
     }
 }
 
-impl<B, H: Held> HeldBody<B, H> {
-    /// `inner`, keeping `held`.
-    pub(crate) fn new(inner: B, held: H) -> Self {
-        Self { inner, held }
+impl<B: http_body::Body, H: Held> HeldBody<B, H> {
+    /// `inner`, keeping `held` (told at once when `inner` is empty: nobody polls it).
+    pub(crate) fn new(inner: B, mut held: H) -> Self {
+        let done = inner.is_end_stream();
+        if done {
+            held.ended();
+        }
+        Self { inner, held, done }
+    }
+
+    /// The same body keeping `more` as well, with one poll layer for both.
+    pub(crate) fn and<M: Held>(self, mut more: M) -> HeldBody<B, Both<H, M>> {
+        if self.done {
+            more.ended();
+        }
+        HeldBody {
+            inner: self.inner,
+            held: Both(self.held, more),
+            done: self.done,
+        }
+    }
+}
+
+impl<B: std::fmt::Debug, H> std::fmt::Debug for HeldBody<B, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBody")
+            .field("inner", &self.inner)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
     }
 }
 
@@ -120,15 +180,28 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        let polled = std::task::ready!(this.inner.poll_frame(cx));
+        let mut this = self.project();
+        let polled = std::task::ready!(this.inner.as_mut().poll_frame(cx));
         match &polled {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     this.held.sent(data.remaining());
                 }
+                // The last frame: hyper will not poll again to see `None`.
+                if !*this.done && this.inner.is_end_stream() {
+                    *this.done = true;
+                    this.held.ended();
+                }
             }
-            Some(Err(_)) | None => this.held.ended(),
+            Some(Err(_)) if !*this.done => {
+                *this.done = true;
+                this.held.failed();
+            }
+            None if !*this.done => {
+                *this.done = true;
+                this.held.ended();
+            }
+            Some(Err(_)) | None => {}
         }
         Poll::Ready(polled)
     }
@@ -166,6 +239,32 @@ mod tests {
         fn drop(&mut self) {
             self.0.lock().unwrap().push("dropped".into());
         }
+    }
+
+    #[tokio::test]
+    async fn the_end_is_seen_at_the_last_frame_once_and_at_once_for_an_empty_body() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut body = HeldBody::new(Body::from("hello"), Log(log.clone()));
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "hello");
+        // Not polled again (as hyper does with a body that says it ended): already seen.
+        assert_eq!(*log.lock().unwrap(), ["sent 5", "ended"]);
+        assert!(body.frame().await.is_none());
+        assert_eq!(*log.lock().unwrap(), ["sent 5", "ended"], "told once");
+
+        log.lock().unwrap().clear();
+        let body = HeldBody::new(Body::empty(), Log(log.clone()));
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["ended"],
+            "nobody polls an empty body"
+        );
+        let _both = body.and(Log(log.clone()));
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["ended", "ended"],
+            "nor one held later"
+        );
     }
 
     #[tokio::test]

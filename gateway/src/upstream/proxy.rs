@@ -26,7 +26,7 @@ use tower::Service;
 use crate::config::{LoadBalancer, UpstreamSettings};
 use crate::edge::hop_by_hop;
 use crate::pipeline::context::RequestContext;
-use crate::pipeline::held::{HeldBody, UntilEnd};
+use crate::pipeline::held::UntilEnd;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Probe};
@@ -43,7 +43,7 @@ mod resolver;
 use client_body::{BodyFailure, WitnessedBody};
 pub use connector::TlsConnector;
 pub use error::{ProxyError, ProxyErrorKind};
-use pool::{Pools, UpstreamBody};
+use pool::{Connection, Pools, UpstreamBody};
 use request::prepare;
 pub use resolver::HttpConnector;
 
@@ -155,7 +155,7 @@ impl Upstream {
             Pool::Tls(client) => client.request(request).await,
         };
         legacy
-            .map(|response| response.map(UpstreamBody::unpooled))
+            .map(|response| response.map(Connection::unpooled))
             .map_err(SendFailure::Legacy)
     }
 }
@@ -322,8 +322,9 @@ impl Service<Request<Body>> for Proxy {
             hop_by_hop::strip_upstream_response(&mut parts.headers);
             parts.extensions.insert(ServedBy(id));
             // The endpoint's in-flight count lasts until the body ends: least_request and
-            // peak_ewma see streaming responses as load.
-            let body = HeldBody::new(body, UntilEnd::new(in_flight));
+            // peak_ewma see streaming responses as load. Held by the same wrapper as the
+            // pooled connection: one poll layer for both.
+            let body = body.and(UntilEnd::new(in_flight));
             Ok(Response::from_parts(parts, Body::new(body)))
         }
         .boxed()

@@ -8,7 +8,7 @@
 //! per request that waits for the connection to become idle again. Here a pool is found by
 //! the endpoint's stable id (a binary search in a short sorted list), a request goes out in
 //! origin form on the sender popped from the stack, and the sender goes back when the
-//! response body ends ([`UpstreamBody`]).
+//! response body ends (`body.rs`).
 //!
 //! Reuse is LIFO (nginx's `keepalive` cache, Envoy's pool): the most recently used idle
 //! connection first, so a burst's surplus sits at the bottom and ages out. At most
@@ -42,7 +42,7 @@ mod body;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use body::UpstreamBody;
+pub(crate) use body::{Connection, UpstreamBody};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -192,7 +192,9 @@ impl EndpointPool {
         origin_form(&mut request);
         if let Some(mut sender) = self.checkout() {
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok(UpstreamBody::pooled(response, sender, self)),
+                Ok(response) => {
+                    return Ok(response.map(|inner| Connection::hold(inner, sender, self)))
+                }
                 Err(mut err) => match err.take_message() {
                     // Handed back unsent: the connection closed under us. Provably not
                     // processed, so it goes once more, on a fresh connection.
@@ -203,7 +205,7 @@ impl EndpointPool {
         }
         let mut sender = self.connect().await?;
         match sender.try_send_request(request).await {
-            Ok(response) => Ok(UpstreamBody::pooled(response, sender, self)),
+            Ok(response) => Ok(response.map(|inner| Connection::hold(inner, sender, self))),
             Err(err) => Err(SendError::Exchange(err.into_error())),
         }
     }

@@ -1,101 +1,67 @@
-//! The upstream's response body, which returns a pooled connection when it ends.
+//! What a pooled response body holds: its connection, given back to the pool when the body
+//! ends (the shared body wrapper, `pipeline::held`, says when).
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 
 use axum::body::Body;
-use bytes::Bytes;
-use http::Response;
-use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 
 use super::EndpointPool;
+use crate::pipeline::held::{Held, HeldBody};
 
-/// A response body from an upstream. One from the pool ([`UpstreamBody::pooled`]) gives
-/// its connection back at its end: on the last frame, or when it is dropped having reached
-/// its end (hyper stops polling a body that says it ended). Dropped before its end, it
-/// gives the connection back only if the connection's task already finished the exchange;
-/// otherwise the connection closes, as hyper closes it (nothing else could tell where the
-/// next response starts).
-pub(crate) struct UpstreamBody {
-    inner: Incoming,
-    connection: Option<(SendRequest<Body>, Arc<EndpointPool>)>,
+/// An upstream's response body; a pooled one gives its connection back at its end.
+pub(crate) type UpstreamBody = HeldBody<Incoming, Option<Connection>>;
+
+/// A pooled connection held by the response body it carries. At the body's end (its last
+/// frame, or at once when empty) it goes back to the pool. If the body fails it closes. If
+/// the body is dropped before its end it goes back only if the connection's task already
+/// finished the exchange; otherwise it closes, as hyper closes it (nothing else could tell
+/// where the next response starts).
+pub(crate) struct Connection {
+    sender: Option<SendRequest<Body>>,
+    pool: Arc<EndpointPool>,
 }
 
-// === impl UpstreamBody ===
-
-impl UpstreamBody {
-    /// A body whose connection is not this pool's (hyper-util's client keeps it).
-    pub(crate) fn unpooled(inner: Incoming) -> Self {
-        Self {
-            inner,
-            connection: None,
-        }
-    }
-
-    /// `response`, whose body gives `sender` back to `pool` when it ends.
-    pub(super) fn pooled(
-        response: Response<Incoming>,
+impl Connection {
+    /// `inner`, whose end gives `sender` back to `pool`.
+    pub(super) fn hold(
+        inner: Incoming,
         sender: SendRequest<Body>,
         pool: Arc<EndpointPool>,
-    ) -> Response<Self> {
-        response.map(|inner| Self {
-            inner,
-            connection: Some((sender, pool)),
-        })
+    ) -> UpstreamBody {
+        let connection = Self {
+            sender: Some(sender),
+            pool,
+        };
+        HeldBody::new(inner, Some(connection))
+    }
+
+    /// A body whose connection is not this pool's (hyper-util's client keeps it).
+    pub(crate) fn unpooled(inner: Incoming) -> UpstreamBody {
+        HeldBody::new(inner, None)
     }
 
     fn release(&mut self, body_ended: bool) {
-        if let Some((sender, pool)) = self.connection.take() {
-            pool.release(sender, body_ended);
+        if let Some(sender) = self.sender.take() {
+            self.pool.clone().release(sender, body_ended);
         }
     }
 }
 
-impl http_body::Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        // Every field is `Unpin`.
-        let this = self.get_mut();
-        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        match &polled {
-            None => this.release(true),
-            Some(Ok(_)) if this.inner.is_end_stream() => this.release(true),
-            Some(Ok(_)) => {}
-            // The connection failed: it closes.
-            Some(Err(_)) => this.connection = None,
-        }
-        Poll::Ready(polled)
+impl Held for Connection {
+    fn ended(&mut self) {
+        self.release(true);
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    fn failed(&mut self) {
+        // The connection broke: dropping the sender closes it.
+        self.sender = None;
     }
 }
 
-impl std::fmt::Debug for UpstreamBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("inner", &self.inner)
-            .field("pooled", &self.connection.is_some())
-            .finish()
-    }
-}
-
-impl Drop for UpstreamBody {
+impl Drop for Connection {
     fn drop(&mut self) {
-        let ended = self.inner.is_end_stream();
-        self.release(ended);
+        self.release(false);
     }
 }
