@@ -2,9 +2,10 @@
 //!
 //! - **Bounded by bytes**, not entries: one stored 1 MiB response weighs as much as thousands
 //!   of small ones. A record is one exact-size allocation (its key, and once completed its
-//!   status, headers and body, encoded back to back) plus a fixed-size table entry and an
-//!   expiry-heap item; it is charged the allocation rounded up to allocator size classes
-//!   plus [`ENTRY_OVERHEAD`] (the table slot at 50 % load and 1.5 heap items). With the
+//!   status, headers and body, encoded back to back) plus a fixed-size boxed entry, a 16-byte
+//!   table slot and an expiry-heap item; it is charged the allocation rounded up to
+//!   allocator size classes plus [`ENTRY_OVERHEAD`] (the entry, the table slot at 50 % load
+//!   and 1.5 heap items). With the
 //!   gateway's allocator, resident memory tracks the bound within about 10 % for small
 //!   responses (BENCHMARKS.md, "Cost growth").
 //! - **When full**, expired records go first, then finished records nearest their expiry
@@ -41,9 +42,9 @@ mod shard;
 use blob::Blob;
 use shard::{charge, hash_key, Shard, State};
 
-/// Bytes charged per record on top of its encoded key and response: its table slot at 50 %
-/// load and 1.5 expiry-heap items, computed from their layout (≈ 290 bytes on 64-bit
-/// targets). A record's whole charge is [`ENTRY_OVERHEAD`] plus its encoded bytes rounded up
+/// Bytes charged per record on top of its encoded key and response: its boxed entry, its
+/// table slot at 50 % load and 1.5 expiry-heap items, computed from their layout (≈ 194
+/// bytes on 64-bit targets). A record's whole charge is [`ENTRY_OVERHEAD`] plus its encoded bytes rounded up
 /// to allocator size classes. Measured with `examples/store_growth.rs` under mimalloc (the
 /// gateway's allocator): resident memory per record within about 10 % of the charge.
 pub const ENTRY_OVERHEAD: usize = shard::RECORD_OVERHEAD;
@@ -78,9 +79,7 @@ impl MemoryStore {
     pub fn with_clock(capacity_bytes: usize, clock: Arc<dyn Clock>) -> Self {
         let hasher = RandomState::new();
         Self {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(Shard::new(hasher.clone())))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
             hasher,
             capacity: capacity_bytes,
             used: AtomicUsize::new(0),

@@ -68,7 +68,7 @@ impl Blob {
         t == key.tenant.as_bytes() && r == key.route.as_bytes() && k == key.key.as_str().as_bytes()
     }
 
-    /// The key's (tenant, route, key) bytes, to re-hash when the table grows.
+    /// The key's (tenant, route, key) bytes.
     pub(super) fn key_parts(&self) -> (&[u8], &[u8], &[u8]) {
         let t = read_len(&self.0, 0);
         let r = read_len(&self.0, LEN);
