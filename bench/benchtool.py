@@ -201,6 +201,11 @@ def _median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def _ratios(by, rounds, a, b, key="rps"):
+    """Same-round ratios of `key`, target `a` over target `b`, for the rounds that ran both."""
+    return [by[(k, a)][key] / by[(k, b)][key] for k in rounds if (k, a) in by and (k, b) in by]
+
+
 def _fmt(x, spec):
     if x is None or x != x:
         return "–"
@@ -286,9 +291,9 @@ def summarize(outdir):
             mine = [r for r in prow if r["target"] == t]
             group = mine[0]["group"]
             ngx, direct = ref[group]
-            rx_n = [by[(k, t)]["rps"] / by[(k, ngx)]["rps"] for k in rounds if (k, t) in by and (k, ngx) in by]
-            rx_d = [by[(k, t)]["rps"] / by[(k, direct)]["rps"] for k in rounds if (k, t) in by and (k, direct) in by]
-            px_n = [by[(k, t)]["p99"] / by[(k, ngx)]["p99"] for k in rounds if (k, t) in by and (k, ngx) in by]
+            rx_n = _ratios(by, rounds, t, ngx)
+            rx_d = _ratios(by, rounds, t, direct)
+            px_n = _ratios(by, rounds, t, ngx, "p99")
             bad = sum(r["non2xx"] for r in mine), sum(r["errors"] for r in mine)
             w(
                 f"| {t} | {_median([r['rps'] for r in mine]):,.0f} | {_us(_median([r['p50'] for r in mine]))} | "
@@ -303,18 +308,18 @@ def summarize(outdir):
                 w("| target | × pc-unkeyed (median of same-round ratios) | min–max over rounds | goal |")
                 w("|---|---:|---:|---|")
                 for t in keyed:
-                    xs = [by[(k, t)]["rps"] / by[(k, "pc-unkeyed")]["rps"] for k in rounds if (k, t) in by and (k, "pc-unkeyed") in by]
+                    xs = _ratios(by, rounds, t, "pc-unkeyed")
                     goal = "≥ 0.80 (issue 4)" if t == "pc-keyed-mem" else "(no goal; reported)"
                     verdict = ""
                     if t == "pc-keyed-mem" and xs:
                         verdict = " — met" if _median(xs) >= 0.8 else " — **missed**"
                     w(f"| {t} | {_median(xs):.2f} | {min(xs):.2f}–{max(xs):.2f} | {goal}{verdict} |")
             if "pc-pass-je" in targets and "pc-pass" in targets:
-                xs = [by[(k, "pc-pass-je")]["rps"] / by[(k, "pc-pass")]["rps"] for k in rounds if (k, "pc-pass-je") in by and (k, "pc-pass") in by]
+                xs = _ratios(by, rounds, "pc-pass-je", "pc-pass")
                 w(f"\nAllocator A/B: pc-pass-je (same binary, `LD_PRELOAD` jemalloc) / pc-pass (glibc malloc) = "
                   f"{_median(xs):.2f} (median of same-round ratios, {min(xs):.2f}–{max(xs):.2f}).")
             if "pc-pass" in targets and "nginx" in targets:
-                xs = [by[(k, "pc-pass")]["rps"] / by[(k, "nginx")]["rps"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
+                xs = _ratios(by, rounds, "pc-pass", "nginx")
                 w(f"\nPass-through goal (issue 2): req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
                   f"({'met' if _median(xs) >= 1.0 else '**missed**'}).")
             floors = [t for t in ("floor-pooled", "floor-dedicated") if t in targets and "nginx" in targets]
@@ -324,11 +329,11 @@ def summarize(outdir):
                 w("| target | × nginx | pc-pass × this floor |")
                 w("|---|---:|---:|")
                 for t in floors:
-                    xs = [by[(k, t)]["rps"] / by[(k, "nginx")]["rps"] for k in rounds if (k, t) in by and (k, "nginx") in by]
-                    ys = [by[(k, "pc-pass")]["rps"] / by[(k, t)]["rps"] for k in rounds if (k, t) in by and (k, "pc-pass") in by]
+                    xs = _ratios(by, rounds, t, "nginx")
+                    ys = _ratios(by, rounds, "pc-pass", t)
                     w(f"| {t} | {_median(xs):.2f} | {_median(ys):.2f} |")
         if phase == "lat" and "pc-pass" in targets and "nginx" in targets:
-            xs = [by[(k, "pc-pass")]["p99"] / by[(k, "nginx")]["p99"] for k in rounds if (k, "pc-pass") in by and (k, "nginx") in by]
+            xs = _ratios(by, rounds, "pc-pass", "nginx", "p99")
             w(f"\nPass-through goal (issue 2): p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "
               f"({'met' if _median(xs) <= 1.2 else '**missed**'}).")
 

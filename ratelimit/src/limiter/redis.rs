@@ -88,15 +88,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
-use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
+use portcullis_redis::{RedisClient, RedisConnection};
 use redis::Script;
 use tokio::sync::OnceCell;
 
-use super::{window_at, Check, Eval, Limiter, LimiterError};
+use super::{Check, Limiter, LimiterError};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, Verdict};
 use crate::metrics::REDIS_DECISION_SECONDS;
+use connection::connect_options;
+use keys::counter_ttl_ms;
 use reply::{evals_from_reply, evaluate, tick_nanos, verdict_of, Evals};
 use scripts::{GIVE_BACK_SCRIPT, REFUND_SCRIPT, SCRIPT};
 
@@ -123,20 +124,6 @@ pub struct RedisLimiter {
     refund_script: Script,
     config: RedisLimiterConfig,
     clock: Arc<dyn Clock>,
-}
-
-/// Where one check's state lives in Redis: the full key and, for a calendar quota, the time
-/// left in its window.
-struct Target {
-    key: String,
-    until_end: Option<Duration>,
-}
-
-/// Cluster only: the checks of one request whose keys live in one slot, with their
-/// positions in the request.
-struct SlotGroup {
-    positions: Vec<usize>,
-    checks: Vec<Check>,
 }
 
 // === impl RedisLimiterConfig ===
@@ -222,39 +209,6 @@ impl RedisLimiter {
         &self.config
     }
 
-    async fn connection(&self) -> Result<RedisConnection, LimiterError> {
-        let conn = self.conn.get_or_try_init(|| self.client.connect()).await?;
-        Ok(conn.clone())
-    }
-
-    async fn bounded<T>(
-        &self,
-        fut: impl std::future::Future<Output = Result<T, LimiterError>>,
-    ) -> Result<T, LimiterError> {
-        tokio::time::timeout(self.config.timeout, fut)
-            .await
-            .unwrap_or(Err(LimiterError::Timeout(self.config.timeout)))
-    }
-
-    /// The Redis key of `check`'s state now: the prefixed key, plus `:<window id>` for a
-    /// calendar quota.
-    fn target(&self, check: &Check, unix_now: Option<Duration>) -> Target {
-        let prefix = &self.config.key_prefix;
-        match check.policy.period().zip(unix_now) {
-            None => Target {
-                key: format!("{prefix}{}", check.key),
-                until_end: None,
-            },
-            Some((period, unix_now)) => {
-                let (window, until_end) = window_at(period, unix_now);
-                Target {
-                    key: format!("{prefix}{}:{}", check.key, window.id),
-                    until_end: Some(until_end),
-                }
-            }
-        }
-    }
-
     async fn decide(&self, checks: &[Check], commit: bool) -> Result<Verdict, LimiterError> {
         if checks.is_empty() {
             return Ok(Verdict::from_decisions([]));
@@ -311,120 +265,6 @@ impl RedisLimiter {
         let mut conn = self.connection().await?;
         let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
         evals_from_reply(checks, &windows, &reply)
-    }
-
-    /// Cluster only: the checks grouped by slot, in order of first appearance, when they
-    /// span more than one slot. `None`: one script decides them all (always on one server).
-    fn slot_groups(&self, checks: &[Check], unix_now: Option<Duration>) -> Option<Vec<SlotGroup>> {
-        if !self.client.is_cluster() || checks.len() < 2 {
-            return None;
-        }
-        let mut groups: Vec<(u16, SlotGroup)> = Vec::with_capacity(2);
-        for (i, check) in checks.iter().enumerate() {
-            let slot = portcullis_redis::slot(self.target(check, unix_now).key.as_bytes());
-            let at = match groups.iter().position(|(s, _)| *s == slot) {
-                Some(at) => at,
-                None => {
-                    groups.push((
-                        slot,
-                        SlotGroup {
-                            positions: Vec::new(),
-                            checks: Vec::new(),
-                        },
-                    ));
-                    groups.len() - 1
-                }
-            };
-            if let Some((_, group)) = groups.get_mut(at) {
-                group.positions.push(i);
-                group.checks.push(check.clone());
-            }
-        }
-        (groups.len() > 1).then(|| groups.into_iter().map(|(_, g)| g).collect())
-    }
-
-    /// Cluster: one script per slot, all sent at once (one round trip of latency). Admitted
-    /// only if every slot admitted; then every slot has consumed. Otherwise the slots that
-    /// admitted (and so consumed) are refunded before the answer. See the module docs.
-    async fn decide_split(
-        &self,
-        groups: &[SlotGroup],
-        commit: bool,
-        unix_now: Option<Duration>,
-    ) -> Result<Verdict, LimiterError> {
-        let outcomes = join_all(
-            groups
-                .iter()
-                .map(|g| self.bounded(self.run(&g.checks, commit, unix_now))),
-        )
-        .await;
-        let admitted = outcomes.iter().all(|o| matches!(o, Ok((true, _))));
-        if commit && !admitted {
-            let refunds = groups.iter().zip(&outcomes).filter_map(|(g, o)| match o {
-                Ok((true, evals)) => Some(self.refund(&g.checks, evals, unix_now)),
-                _ => None,
-            });
-            for result in join_all(refunds).await {
-                if let Err(err) = result {
-                    // The tokens stay consumed until the buckets refill: the documented
-                    // exception to "a rejected request consumes nothing".
-                    tracing::warn!(error = %err, "rate-limit refund failed on Redis Cluster");
-                }
-            }
-        }
-        let mut slots: smallvec::SmallVec<[Option<(&Check, Eval)>; 4]> =
-            smallvec::smallvec![None; groups.iter().map(|g| g.checks.len()).sum()];
-        for (group, outcome) in groups.iter().zip(outcomes) {
-            let (_, evals) = outcome?;
-            for ((&at, check), eval) in group.positions.iter().zip(&group.checks).zip(evals) {
-                if let Some(slot) = slots.get_mut(at) {
-                    *slot = Some((check, eval));
-                }
-            }
-        }
-        let bad = || LimiterError::Protocol("a check got no decision".into());
-        let evals = slots
-            .into_iter()
-            .map(|s| s.ok_or_else(bad))
-            .collect::<Result<smallvec::SmallVec<[(&Check, Eval); 4]>, _>>()?;
-        Ok(verdict_of(
-            evals.iter().map(|(c, e)| (*c, e)),
-            commit && admitted,
-        ))
-    }
-
-    /// Gives back what an admitted script consumed for `checks` (one slot).
-    async fn refund(
-        &self,
-        checks: &[Check],
-        evals: &[Eval],
-        unix_now: Option<Duration>,
-    ) -> Result<(), LimiterError> {
-        let mut invocation = self.refund_script.prepare_invoke();
-        let mut any = false;
-        for (check, eval) in checks.iter().zip(evals) {
-            // A check that did not allow consumed nothing (a shadow one that would reject).
-            if !eval.allowed() || check.cost == 0 {
-                continue;
-            }
-            let target = self.target(check, unix_now);
-            invocation
-                .key(target.key)
-                .arg(check.policy.store_interval())
-                .arg(check.cost)
-                .arg(target.until_end.map_or(0, counter_ttl_ms))
-                .arg(tick_nanos(&check.policy));
-            any = true;
-        }
-        if !any {
-            return Ok(());
-        }
-        self.bounded(async {
-            let mut conn = self.connection().await?;
-            invocation.invoke_async::<i64>(&mut conn).await?;
-            Ok(())
-        })
-        .await
     }
 }
 
@@ -502,24 +342,8 @@ impl Limiter for RedisLimiter {
     }
 }
 
-/// How the limiter connects: every bound is the decision timeout; a single server's
-/// connection manager retries in the background quickly at first, then at most 1 s apart.
-fn connect_options(config: &RedisLimiterConfig) -> ConnectOptions {
-    ConnectOptions {
-        connection_timeout: config.timeout,
-        response_timeout: config.timeout,
-        retries: 3,
-        retry_factor_ms: 10,
-        max_retry_delay: Duration::from_secs(1),
-    }
-}
-
-/// A calendar counter's `PX`: the time left in its window plus the skew margin, in whole
-/// milliseconds rounded up.
-fn counter_ttl_ms(until_end: Duration) -> u64 {
-    let ttl = until_end.saturating_add(QUOTA_TTL_MARGIN);
-    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
-}
-
+mod cluster;
+mod connection;
+mod keys;
 mod reply;
 mod scripts;
