@@ -6,7 +6,7 @@
 /// whole (doubles are exact below 2^53, Unix time is ~2^60.6 ns). `rel` splits it into whole
 /// microseconds and a 0–999 ns remainder and returns `TAT − now` in the bucket's ticks
 /// (`unit` = 1 for nanoseconds, 1000 for microseconds, remainder rounded up), which is
-/// bounded by the policy's tolerance (≤ 2^52 ns, or 2^48 µs; see `policy.rs`): exact.
+/// bounded by the policy's tolerance (≤ 2^52 ns, or 2^48 µs; see `policy/validate.rs`): exact.
 /// `tat` formats `now + r` ticks back. `now` is the server's `TIME` in microseconds.
 macro_rules! tat_lua {
     () => {
