@@ -203,3 +203,38 @@ async fn accounting_counts_the_encoded_record() {
     let done = s.used_bytes();
     assert!(done >= in_flight + 1000 && done <= in_flight + 1000 + 1000 / 8 + 64);
 }
+
+#[tokio::test(start_paused = true)]
+async fn records_stay_findable_through_growth_and_rehash_at_the_bound() {
+    // Tables grow from empty, then, at the bound, every new record evicts an old one: the
+    // removals leave tombstones that make hashbrown re-hash in place, from the hash kept in
+    // each slot. The newest records must all still be found, the evicted ones not, and the
+    // byte count must match what is left.
+    let s = MemoryStore::new(2_000 * (ENTRY_OVERHEAD + 64));
+    let total = 20_000;
+    for i in 0..total {
+        let k = format!("churn-{i:05}");
+        let f = lock(&s, &k, DAY).await.unwrap();
+        s.complete(&key(&k), f, body(16), DAY).await.unwrap();
+        // Later records expire later, so eviction order is insertion order.
+        tokio::time::advance(Duration::from_millis(1)).await;
+    }
+    let (mut kept, mut oldest, mut bytes) = (0, total, 0);
+    for i in 0..total {
+        let k = format!("churn-{i:05}");
+        let (hash, idx) = s.locate(&key(&k));
+        if let Some(e) = super::lock(&s.shards[idx]).get(hash, &key(&k)) {
+            kept += 1;
+            oldest = oldest.min(i);
+            bytes += e.size();
+        }
+    }
+    assert!(kept > 1_000, "only {kept} records kept");
+    assert_eq!(
+        kept,
+        total - oldest,
+        "the kept records are exactly the newest ones"
+    );
+    assert!(s.get(&key("churn-19999")).await.unwrap().is_some());
+    assert_eq!(s.used_bytes(), bytes);
+}
