@@ -65,6 +65,11 @@ pub struct MemoryStore {
     used: AtomicUsize,
     next_fencing: AtomicU64,
     clock: Arc<dyn Clock>,
+    /// `idempotency_stored_bytes` and `idempotency_evictions_total`, resolved once against
+    /// the recorder installed when the store is built (the gateway installs it first): a
+    /// `gauge!` per request looked the series up in the registry every time.
+    stored_bytes: metrics::Gauge,
+    evictions: metrics::Counter,
 }
 
 // === impl MemoryStore ===
@@ -85,6 +90,8 @@ impl MemoryStore {
             used: AtomicUsize::new(0),
             next_fencing: AtomicU64::new(1),
             clock,
+            stored_bytes: metrics::gauge!("idempotency_stored_bytes"),
+            evictions: metrics::counter!("idempotency_evictions_total"),
         }
     }
 
@@ -142,11 +149,11 @@ impl MemoryStore {
         if n > 0 {
             self.used.fetch_sub(n, Ordering::AcqRel);
         }
-        metrics::gauge!("idempotency_stored_bytes").set(self.used_bytes() as f64);
+        self.after_reserve();
     }
 
     fn after_reserve(&self) {
-        metrics::gauge!("idempotency_stored_bytes").set(self.used_bytes() as f64);
+        self.stored_bytes.set(self.used_bytes() as f64);
     }
 
     /// Makes room for `needed` bytes: expired records first (all shards), then finished
@@ -201,6 +208,9 @@ impl MemoryStore {
                     .try_lock()
                     .map_or(0, |mut s| s.evict_first(now))
             };
+            if freed > 0 {
+                self.evictions.increment(1);
+            }
             self.unreserve(freed);
         }
         self.try_reserve(needed)

@@ -198,7 +198,6 @@ impl Shard {
         else {
             return 0;
         };
-        metrics::counter!("idempotency_evictions_total").increment(1);
         let size = found.remove().0.entry.size();
         // Its heap item is now stale and goes at the next look at the top.
         self.compact_index();

@@ -238,3 +238,30 @@ async fn records_stay_findable_through_growth_and_rehash_at_the_bound() {
     assert!(s.get(&key("churn-19999")).await.unwrap().is_some());
     assert_eq!(s.used_bytes(), bytes);
 }
+
+#[tokio::test(start_paused = true)]
+async fn bytes_and_evictions_are_reported_through_the_handles_resolved_at_build() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Local to this thread: the store resolves its series while the recorder is current and
+    // reports through them afterwards, with no recorder installed at all.
+    let s = metrics::with_local_recorder(&recorder, || {
+        MemoryStore::new(4 * (ENTRY_OVERHEAD + 10_500))
+    });
+    for k in ["a", "b", "c", "d", "e", "f"] {
+        let f = lock(&s, k, DAY).await.unwrap();
+        s.complete(&key(k), f, body(10_000), DAY).await.unwrap();
+    }
+    let mut evictions = None;
+    let mut stored = None;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        match (key.key().name(), value) {
+            ("idempotency_evictions_total", DebugValue::Counter(n)) => evictions = Some(n),
+            ("idempotency_stored_bytes", DebugValue::Gauge(v)) => stored = Some(v.into_inner()),
+            _ => {}
+        }
+    }
+    assert!(evictions.is_some_and(|n| n >= 2), "{evictions:?}");
+    assert_eq!(stored, Some(s.used_bytes() as f64));
+}
