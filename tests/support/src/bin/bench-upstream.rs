@@ -1,16 +1,21 @@
 //! `bench-upstream`: a minimal, fast HTTP/1.1 backend for the benchmarks in `bench/`.
 //!
 //! ```text
-//! bench-upstream [--port P] [--threads N] [--fail-503]
+//! bench-upstream [--port P] [--threads N] [--fail-503] [--http2] [--tls CA_FILE]
 //! ```
 //!
 //! - Binds `127.0.0.1:P` (default 18080). Loopback only.
 //! - `--threads N` (default 1): N OS threads, each a current-thread tokio runtime with its
 //!   own `SO_REUSEPORT` listener, so there is no cross-thread hand-off per request.
 //! - `GET` (any other non-POST method too) → `200 hello\n`; `POST` → the body is read, then
-//!   `201 {"id":N,"ok":true}`. Keep-alive, HTTP/1.1 only.
+//!   `201 {"id":N,"ok":true}`. Keep-alive; HTTP/1.1 unless `--http2`.
 //! - `--fail-503` starts in failing mode: every request gets `503` with an empty body and no
 //!   `Retry-After` (the worst case for retry amplification).
+//! - `--http2` speaks HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1, for gateways
+//!   whose upstream sets `http2 = true`.
+//! - `--tls CA_FILE` serves HTTPS: a fresh test CA (written to `CA_FILE`, for the gateway's
+//!   `tls = { ca = … }`) issues the server certificate for `localhost` and `127.0.0.1`; ALPN
+//!   offers `h2` and `http/1.1`, and the protocol spoken is the one `--http2` says.
 //!
 //! Control endpoints (answered directly, never counted, never failed):
 //!
@@ -34,9 +39,11 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use portcullis_testkit::tls;
 use tokio::net::TcpSocket;
 
-const USAGE: &str = "usage: bench-upstream [--port P] [--threads N] [--fail-503]";
+const USAGE: &str =
+    "usage: bench-upstream [--port P] [--threads N] [--fail-503] [--http2] [--tls CA_FILE]";
 const ATTEMPT_SLOTS: usize = 7;
 
 #[derive(Debug, Default)]
@@ -81,6 +88,8 @@ struct Options {
     port: u16,
     threads: usize,
     fail: bool,
+    http2: bool,
+    tls: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -88,6 +97,8 @@ fn parse_args() -> Result<Options, String> {
         port: 18080,
         threads: 1,
         fail: false,
+        http2: false,
+        tls: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -104,6 +115,8 @@ fn parse_args() -> Result<Options, String> {
                 }
             }
             "--fail-503" => options.fail = true,
+            "--http2" => options.http2 = true,
+            "--tls" => options.tls = Some(args.next().ok_or("--tls needs a file")?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -192,7 +205,12 @@ async fn handle(
     ))
 }
 
-async fn serve(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()> {
+async fn serve(
+    addr: SocketAddr,
+    counters: Arc<Counters>,
+    http2: bool,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> std::io::Result<()> {
     let socket = TcpSocket::new_v4()?;
     socket.set_reuseaddr(true)?;
     socket.set_reuseport(true)?;
@@ -200,6 +218,7 @@ async fn serve(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()>
     let listener = socket.listen(4096)?;
     let mut http = hyper::server::conn::http1::Builder::new();
     http.keep_alive(true);
+    let h2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -211,20 +230,38 @@ async fn serve(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()>
         };
         let _ = stream.set_nodelay(true);
         let counters = counters.clone();
-        let http = http.clone();
+        let (http, h2, tls) = (http.clone(), h2.clone(), tls.clone());
         tokio::task::spawn_local(async move {
             let service = hyper::service::service_fn(move |req| handle(req, counters.clone()));
-            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+            let _ = match tls {
+                None if http2 => h2.serve_connection(TokioIo::new(stream), service).await,
+                None => http.serve_connection(TokioIo::new(stream), service).await,
+                Some(tls) => {
+                    let Ok(stream) = tls.accept(stream).await else {
+                        return;
+                    };
+                    if http2 {
+                        h2.serve_connection(TokioIo::new(stream), service).await
+                    } else {
+                        http.serve_connection(TokioIo::new(stream), service).await
+                    }
+                }
+            };
         });
     }
 }
 
-fn run_thread(addr: SocketAddr, counters: Arc<Counters>) -> std::io::Result<()> {
+fn run_thread(
+    addr: SocketAddr,
+    counters: Arc<Counters>,
+    http2: bool,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, serve(addr, counters))
+    local.block_on(&runtime, serve(addr, counters, http2, tls))
 }
 
 fn main() {
@@ -238,12 +275,24 @@ fn main() {
     let addr = SocketAddr::from(([127, 0, 0, 1], options.port));
     let counters = Arc::new(Counters::default());
     counters.failing.store(options.fail, Ordering::SeqCst);
+    // A fresh CA per run: the gateway trusts exactly the file written here.
+    let tls = options.tls.as_deref().map(|ca_file| {
+        let ca = tls::TestCa::new("bench-upstream CA");
+        let dir = ca_file.parent().unwrap_or(std::path::Path::new("."));
+        let name = ca_file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("ca.pem");
+        ca.write(dir, name);
+        tokio_rustls::TlsAcceptor::from(tls::server_config(&ca.server(), None))
+    });
     let mut threads = Vec::new();
     for n in 0..options.threads {
         let counters = counters.clone();
+        let (http2, tls) = (options.http2, tls.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("bench-upstream-{n}"))
-            .spawn(move || run_thread(addr, counters));
+            .spawn(move || run_thread(addr, counters, http2, tls));
         match spawned {
             Ok(handle) => threads.push(handle),
             Err(e) => {
@@ -253,8 +302,11 @@ fn main() {
         }
     }
     eprintln!(
-        "bench-upstream listening on http://{addr} ({} thread(s), failing={})",
-        options.threads, options.fail
+        "bench-upstream listening on {}://{addr} ({} thread(s), failing={}, http2={})",
+        if tls.is_some() { "https" } else { "http" },
+        options.threads,
+        options.fail,
+        options.http2
     );
     for handle in threads {
         match handle.join() {
