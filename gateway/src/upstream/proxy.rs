@@ -4,7 +4,8 @@
 //! Plain HTTP/1.1 upstreams (`http://`, not `http2`) keep their connections in [`pool`]
 //! (per endpoint, LIFO, a task per connection); the others use hyper-util's client:
 //! `https://` endpoints go through [`TlsConnector`], and HTTP/2 is spoken to upstreams that
-//! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`).
+//! declare it (prior knowledge on `http://`, ALPN `h2` on `https://`). Either way each worker
+//! thread has pools of its own ([`PerWorker`]).
 //!
 //! One call is one attempt, with no timeout of its own beyond connecting. Retries, backoff and breakers belong to the retry layer above;
 //! this service only reports precisely how an attempt failed ([`ProxyError`]), because the
@@ -64,23 +65,32 @@ pub struct Upstream {
 /// to their per-request path.
 #[derive(Debug)]
 enum Pool {
-    Http1(PerWorker),
-    Plain(Client<HttpConnector, Body>),
-    Tls(Client<TlsConnector, Body>),
+    Http1(PerWorker<Pools>),
+    Plain(PerWorker<Client<HttpConnector, Body>>),
+    Tls(PerWorker<Client<TlsConnector, Body>>),
 }
 
-/// The plain HTTP/1.1 pools of an upstream, one set per worker thread (`upstream::worker`):
-/// a connection's task runs on the runtime that opened it, so the requests it carries come
-/// from that thread too and never wake another.
+/// An upstream's pools, one per worker thread (`upstream::worker`), as nginx's `keepalive`
+/// caches are per worker process: a connection's task runs on the runtime that opened it, so
+/// the requests it carries come from that thread too and never wake another. (A shared
+/// hyper-util client would hand one worker's HTTP/2 connection to every worker.)
 #[derive(Debug)]
-struct PerWorker {
-    first: Pools,
-    rest: Box<[Pools]>,
+struct PerWorker<T> {
+    first: T,
+    rest: Box<[T]>,
 }
 
-impl PerWorker {
+impl<T> PerWorker<T> {
+    /// One `make()` per worker.
+    fn new(mut make: impl FnMut() -> T) -> Self {
+        Self {
+            first: make(),
+            rest: (1..worker::count()).map(|_| make()).collect(),
+        }
+    }
+
     /// The pools of the worker this thread is (worker 0's for any other thread).
-    fn current(&self) -> &Pools {
+    fn current(&self) -> &T {
         match worker::index() {
             0 => &self.first,
             i => self.rest.get(i - 1).unwrap_or(&self.first),
@@ -114,20 +124,16 @@ impl Upstream {
             // Prior knowledge on http://; on https:// ALPN offers only h2 (see crate::tls).
             .http2_only(settings.http2);
         let client = match &settings.tls {
-            None if !settings.http2 => {
-                let pools =
-                    || Pools::new(connector.clone(), settings.pool_max_idle, POOL_IDLE_TIMEOUT);
-                Pool::Http1(PerWorker {
-                    first: pools(),
-                    rest: (1..worker::count()).map(|_| pools()).collect(),
-                })
+            None if !settings.http2 => Pool::Http1(PerWorker::new(|| {
+                Pools::new(connector.clone(), settings.pool_max_idle, POOL_IDLE_TIMEOUT)
+            })),
+            None => Pool::Plain(PerWorker::new(|| builder.build(connector.clone()))),
+            Some(tls) => {
+                // One TLS configuration (roots, client certificate) shared by every worker's
+                // client; each client has its own pool.
+                let tls = TlsConnector::new(connector, tls, settings.tls_handshake_timeout);
+                Pool::Tls(PerWorker::new(|| builder.build(tls.clone())))
             }
-            None => Pool::Plain(builder.build(connector)),
-            Some(tls) => Pool::Tls(builder.build(TlsConnector::new(
-                connector,
-                tls,
-                settings.tls_handshake_timeout,
-            ))),
         };
         Self {
             balancer: Balancer::new(settings, hosts_file, dependency),
@@ -151,8 +157,8 @@ impl Upstream {
                 let pool = per_worker.current().get(endpoint, &self.balancer);
                 return pool.send(request).await.map_err(SendFailure::Pool);
             }
-            Pool::Plain(client) => client.request(request).await,
-            Pool::Tls(client) => client.request(request).await,
+            Pool::Plain(clients) => clients.current().request(request).await,
+            Pool::Tls(clients) => clients.current().request(request).await,
         };
         legacy
             .map(|response| response.map(Connection::unpooled))
