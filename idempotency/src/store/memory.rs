@@ -5,9 +5,8 @@
 //!   status, headers and body, encoded back to back) plus a fixed-size boxed entry, a 16-byte
 //!   table slot and an expiry-heap item; it is charged the allocation rounded up to
 //!   allocator size classes plus [`ENTRY_OVERHEAD`] (the entry, the table slot at 50 % load
-//!   and 1.5 heap items). With the
-//!   gateway's allocator, resident memory tracks the bound within about 10 % for small
-//!   responses (BENCHMARKS.md, "Cost growth").
+//!   and 1.5 heap items). With the gateway's allocator, resident memory tracks the bound
+//!   within about 10 % for small responses (BENCHMARKS.md, "Cost growth").
 //! - **When full**, expired records go first, then finished records nearest their expiry
 //!   (across all shards; each eviction peeks every shard, which is fine on this rare path).
 //!   In-flight records with a live lease are never evicted: that would let a duplicate run
@@ -44,8 +43,8 @@ use shard::{charge, hash_key, Shard, State};
 
 /// Bytes charged per record on top of its encoded key and response: its boxed entry, its
 /// table slot at 50 % load and 1.5 expiry-heap items, computed from their layout (≈ 194
-/// bytes on 64-bit targets). A record's whole charge is [`ENTRY_OVERHEAD`] plus its encoded bytes rounded up
-/// to allocator size classes. Measured with `examples/store_growth.rs` under mimalloc (the
+/// bytes on 64-bit targets). A record's whole charge is [`ENTRY_OVERHEAD`] plus its encoded
+/// bytes rounded up to allocator size classes. Measured with `examples/store_growth.rs` under mimalloc (the
 /// gateway's allocator): resident memory per record within about 10 % of the charge.
 pub const ENTRY_OVERHEAD: usize = shard::RECORD_OVERHEAD;
 

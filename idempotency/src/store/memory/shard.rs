@@ -3,8 +3,8 @@
 //! - **Table**: a `hashbrown::HashTable` of [`Row`]s: the key's hash and the boxed [`Entry`]
 //!   (16 bytes a slot; no key copy: the key lives in the entry's [`Blob`] and is compared
 //!   from there). Slots this small keep growing the table and hashbrown's in-place rehash
-//!   (run when removals have left it full of tombstones, i.e. steadily once the store is at its
-//!   bound) to moving 16 bytes per record, without touching an entry or hashing again: with
+//!   (run when removals have left it full of tombstones, i.e. steadily once the store is at
+//!   its bound) to moving 16 bytes per record, without touching an entry or hashing again: with
 //!   the ≈ 120-byte entries inline and re-hashed from their blobs, one such pass over a shard
 //!   of 30 000 records stalled the request that triggered it for ~4–12 ms.
 //! - **Expiry index**: a binary min-heap of `(expiry, seq, hash)`, 32 bytes per record, with
