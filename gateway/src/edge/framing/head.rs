@@ -9,7 +9,9 @@
 
 use std::mem::MaybeUninit;
 
-use http::StatusCode;
+mod refusal;
+
+pub use self::refusal::Refusal;
 
 /// hyper's default limit on header lines; a head with more is refused with 431.
 const MAX_HEADERS: usize = 100;
@@ -25,31 +27,6 @@ pub enum BodyFraming {
     Chunked,
 }
 
-/// Why a head was refused. Each has a stable code carried from the connection to the
-/// request pipeline (see [`super::REFUSAL_HEADER`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// `Content-Length` together with `Transfer-Encoding`.
-    LengthWithTransferEncoding,
-    /// Two `Content-Length` values that differ.
-    ConflictingLengths,
-    /// A `Content-Length` that is not a decimal number.
-    InvalidLength,
-    /// `Transfer-Encoding` other than exactly `chunked` (`gzip, chunked`, `identity`, …):
-    /// the gateway decodes no other coding, so it cannot forward the body faithfully.
-    UnsupportedTransferEncoding,
-    /// `chunked` applied more than once (RFC 9112 §6.1 forbids it).
-    RepeatedChunked,
-    /// `Transfer-Encoding` on an HTTP/1.0 request, which cannot carry it.
-    TransferEncodingInHttp10,
-    /// More header lines than the gateway reads.
-    TooManyHeaders,
-    /// Not an HTTP/1.x request head at all.
-    MalformedHead,
-    /// A request line naming another HTTP version (`HTTP/2.0` as text, `HTTP/1.2`).
-    UnsupportedVersion,
-}
-
 /// What one request head says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadVerdict {
@@ -59,88 +36,6 @@ pub enum HeadVerdict {
     Complete { len: usize, body: BodyFraming },
     /// The head must not be served.
     Refused(Refusal),
-}
-
-// === impl Refusal ===
-
-impl Refusal {
-    const ALL: [Refusal; 9] = [
-        Refusal::LengthWithTransferEncoding,
-        Refusal::ConflictingLengths,
-        Refusal::InvalidLength,
-        Refusal::UnsupportedTransferEncoding,
-        Refusal::RepeatedChunked,
-        Refusal::TransferEncodingInHttp10,
-        Refusal::TooManyHeaders,
-        Refusal::MalformedHead,
-        Refusal::UnsupportedVersion,
-    ];
-
-    /// The stable code.
-    pub fn code(self) -> &'static str {
-        match self {
-            Refusal::LengthWithTransferEncoding => "content-length-with-transfer-encoding",
-            Refusal::ConflictingLengths => "conflicting-content-length",
-            Refusal::InvalidLength => "invalid-content-length",
-            Refusal::UnsupportedTransferEncoding => "unsupported-transfer-encoding",
-            Refusal::RepeatedChunked => "repeated-chunked",
-            Refusal::TransferEncodingInHttp10 => "transfer-encoding-in-http-1.0",
-            Refusal::TooManyHeaders => "too-many-headers",
-            Refusal::MalformedHead => "malformed-request-head",
-            Refusal::UnsupportedVersion => "unsupported-http-version",
-        }
-    }
-
-    /// The refusal a code names.
-    pub fn from_code(code: &[u8]) -> Option<Refusal> {
-        Self::ALL.into_iter().find(|r| r.code().as_bytes() == code)
-    }
-
-    /// 431 for too many header lines, 501 for a transfer coding the gateway does not
-    /// implement, 505 for another HTTP version, 400 for everything else (as nginx answers).
-    pub fn status(self) -> StatusCode {
-        match self {
-            Refusal::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Refusal::UnsupportedTransferEncoding => StatusCode::NOT_IMPLEMENTED,
-            Refusal::UnsupportedVersion => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
-            _ => StatusCode::BAD_REQUEST,
-        }
-    }
-
-    /// Does this refusal concern message framing (a smuggling vector)?
-    pub fn is_framing(self) -> bool {
-        !matches!(
-            self,
-            Refusal::TooManyHeaders | Refusal::MalformedHead | Refusal::UnsupportedVersion
-        )
-    }
-
-    /// What the client is told.
-    pub fn detail(self) -> &'static str {
-        match self {
-            Refusal::LengthWithTransferEncoding => {
-                "the request carried both Content-Length and Transfer-Encoding, so its end is ambiguous"
-            }
-            Refusal::ConflictingLengths => {
-                "the request carried Content-Length values that differ, so its end is ambiguous"
-            }
-            Refusal::InvalidLength => "the request's Content-Length is not a decimal number",
-            Refusal::UnsupportedTransferEncoding => {
-                "the gateway accepts no Transfer-Encoding other than exactly chunked"
-            }
-            Refusal::RepeatedChunked => {
-                "the request's Transfer-Encoding applies chunked more than once, so its end is ambiguous"
-            }
-            Refusal::TransferEncodingInHttp10 => {
-                "an HTTP/1.0 request cannot use Transfer-Encoding"
-            }
-            Refusal::TooManyHeaders => "the request has more than 100 header lines",
-            Refusal::MalformedHead => "the request head is not valid HTTP/1.1",
-            Refusal::UnsupportedVersion => {
-                "the request line names an HTTP version other than HTTP/1.0 or HTTP/1.1; HTTP/2 needs TLS with ALPN h2, or prior knowledge where h2c is enabled"
-            }
-        }
-    }
 }
 
 /// Reads the request head at the start of `bytes` (leading empty lines are skipped, as
@@ -276,6 +171,8 @@ fn decimal(digits: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use http::StatusCode;
+
     use super::*;
 
     fn verdict(head: &str) -> HeadVerdict {
@@ -439,13 +336,5 @@ mod tests {
         );
         let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: b\r\n".repeat(101));
         assert_eq!(refused(&many), Refusal::TooManyHeaders);
-    }
-
-    #[test]
-    fn codes_round_trip() {
-        for refusal in Refusal::ALL {
-            assert_eq!(Refusal::from_code(refusal.code().as_bytes()), Some(refusal));
-        }
-        assert_eq!(Refusal::from_code(b"nonsense"), None);
     }
 }
