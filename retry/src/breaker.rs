@@ -56,9 +56,11 @@ use super::{classify::BreakerOutcome, metrics::BreakerMetrics, window::Ring};
 
 mod callers;
 mod config;
+mod permit;
 
 use self::callers::FailingCallers;
 pub use self::config::{BreakerConfig, DEFAULT_MIN_CALLERS};
+pub(crate) use self::permit::BreakerPermit;
 
 /// `retry_after` reported while no half-open probe slot is free for the caller.
 pub(crate) const PROBES_BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -78,17 +80,6 @@ pub(crate) enum BreakerState {
 #[derive(Debug, Clone)]
 pub(crate) struct CircuitBreaker {
     shared: Arc<Shared>,
-}
-
-/// Admission to send one request; record its outcome with [`BreakerPermit::record`].
-#[derive(Debug)]
-#[must_use = "record the request's outcome"]
-pub(crate) struct BreakerPermit {
-    shared: Arc<Shared>,
-    generation: u64,
-    caller: u64,
-    probe: bool,
-    done: bool,
 }
 
 #[derive(Debug)]
@@ -209,49 +200,6 @@ impl CircuitBreaker {
             probe,
             done: false,
         })
-    }
-}
-
-// === impl BreakerPermit ===
-
-impl BreakerPermit {
-    /// Whether this permit is a half-open probe (its request gets one attempt).
-    pub(crate) fn is_probe(&self) -> bool {
-        self.probe
-    }
-
-    /// Whether the breaker is still in the state that admitted this permit. A request
-    /// whose breaker opened (or turned half-open) meanwhile stops retrying.
-    pub(crate) fn is_current(&self) -> bool {
-        self.shared.lock().generation == self.generation
-    }
-
-    /// Records the outcome of the request this permit admitted (of its last attempt).
-    pub(crate) fn record(mut self, outcome: BreakerOutcome) {
-        self.done = true;
-        self.shared.on_outcome(
-            self.generation,
-            self.probe,
-            self.caller,
-            Some(outcome),
-            Instant::now(),
-        );
-    }
-
-    #[cfg(test)]
-    pub(super) fn record_at(mut self, outcome: BreakerOutcome, now: Instant) {
-        self.done = true;
-        self.shared
-            .on_outcome(self.generation, self.probe, self.caller, Some(outcome), now);
-    }
-}
-
-impl Drop for BreakerPermit {
-    fn drop(&mut self) {
-        if !self.done && self.probe {
-            self.shared
-                .on_outcome(self.generation, true, self.caller, None, Instant::now());
-        }
     }
 }
 
