@@ -18,6 +18,23 @@ pub(super) const MS: Duration = Duration::from_millis(1);
 /// No deadline: only `max_wait` bounds the wait.
 pub(super) const ANY: Duration = Duration::MAX;
 
+/// `n` requests from `from`, one every `every`, each admitted at once (no limit yet) and
+/// accepted by the backend after `latency`.
+#[track_caller]
+fn send_accepted(
+    controller: &mut Controller,
+    from: Instant,
+    n: u32,
+    every: Duration,
+    latency: Duration,
+) {
+    for i in 0..n {
+        let now = from + every * i;
+        controller.admit(now, true, ANY).expect("no limit yet");
+        controller.observe(Signal::Accepted(latency), now, now + latency);
+    }
+}
+
 /// The goal through clients that honour `Retry-After`: after 5 s the backend sees
 /// at most 1.1× its capacity every second, and at least 90 % of it is in use. Refused
 /// clients stay away whole seconds: without the queue (`max_wait` 50 ms, the former
@@ -104,11 +121,7 @@ fn backs_off_on_429_and_503_once_per_window() {
     let start = Instant::now();
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
     // 100 req/s for a second, all accepted: the measured rate is about 100.
-    for i in 0..100 {
-        let now = start + 10 * MS * i;
-        controller.admit(now, true, ANY).expect("no limit yet");
-        controller.observe(Signal::Accepted(MS), now, now + MS);
-    }
+    send_accepted(&mut controller, start, 100, 10 * MS, MS);
     let t = start + Duration::from_secs(1);
     controller.observe(
         Signal::of(AttemptOutcome::Status(StatusCode::TOO_MANY_REQUESTS), MS),
@@ -374,11 +387,7 @@ fn the_rate_is_measured_from_the_first_request_not_from_start_up() {
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
     // First called an hour after start-up, at 100 req/s.
     let first = start + Duration::from_secs(3600);
-    for i in 0..50 {
-        let now = first + 10 * MS * i;
-        controller.admit(now, true, ANY).expect("no limit yet");
-        controller.observe(Signal::Accepted(MS), now, now + MS);
-    }
+    send_accepted(&mut controller, first, 50, 10 * MS, MS);
     let t = first + Duration::from_millis(500);
     controller.observe(Signal::Throttled, t, t);
     let rate = controller.rate(t).expect("learned");
@@ -412,11 +421,7 @@ fn a_token_due_soon_is_waited_for_and_later_requests_queue_behind_it() {
 fn a_decrease_re_times_the_queue_at_the_new_rate() {
     let start = Instant::now();
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
-    for i in 0..100 {
-        let now = start + 10 * MS * i;
-        controller.admit(now, true, ANY).expect("no limit yet");
-        controller.observe(Signal::Accepted(MS), now, now + MS);
-    }
+    send_accepted(&mut controller, start, 100, 10 * MS, MS);
     let t = start + Duration::from_secs(1);
     controller.observe(Signal::Throttled, t, t);
     let old = controller.rate(t).expect("learned");
@@ -509,11 +514,7 @@ fn the_first_decrease_starts_from_the_rate_really_sent() {
     let start = Instant::now();
     let mut controller = Controller::new(AdaptiveConfig::default(), start);
     let first = start + 95 * MS;
-    for i in 0..7 {
-        let now = first + 5 * MS * i;
-        controller.admit(now, true, ANY).expect("no limit yet");
-        controller.observe(Signal::Accepted(2 * MS), now, now + 2 * MS);
-    }
+    send_accepted(&mut controller, first, 7, 5 * MS, 2 * MS);
     let t = first + 35 * MS;
     controller.observe(Signal::Throttled, t, t);
     let rate = controller.rate(t).expect("learned");
