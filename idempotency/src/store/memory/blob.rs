@@ -69,7 +69,7 @@ impl Blob {
     }
 
     /// The key's (tenant, route, key) bytes.
-    pub(super) fn key_parts(&self) -> (&[u8], &[u8], &[u8]) {
+    fn key_parts(&self) -> (&[u8], &[u8], &[u8]) {
         let t = read_len(&self.0, 0);
         let r = read_len(&self.0, LEN);
         let k = read_len(&self.0, 2 * LEN);

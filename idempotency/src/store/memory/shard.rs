@@ -87,23 +87,13 @@ pub(super) struct Shard {
 }
 
 /// Hash of a record key, as the table sees it (the store picks the shard from other bits).
+/// Computed once per store call; the table keeps it in the slot and never hashes again.
 pub(super) fn hash_key(hasher: &RandomState, key: &RecordKey) -> u64 {
-    hash_parts(
-        hasher,
-        (
-            key.tenant.as_bytes(),
-            key.route.as_bytes(),
-            key.key.as_str().as_bytes(),
-        ),
-    )
-}
-
-fn hash_parts(hasher: &RandomState, (tenant, route, key): (&[u8], &[u8], &[u8])) -> u64 {
     let mut h = hasher.build_hasher();
     // Length-prefixed so ("ab", "c") and ("a", "bc") differ.
-    for part in [tenant, route, key] {
+    for part in [key.tenant.as_str(), key.route.as_str(), key.key.as_str()] {
         h.write_usize(part.len());
-        h.write(part);
+        h.write(part.as_bytes());
     }
     h.finish()
 }
