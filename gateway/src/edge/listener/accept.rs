@@ -22,7 +22,13 @@ use super::{HttpService, Listener, ServeOptions, RECLAIM_WAIT};
 struct Shared {
     listener: Arc<Listener>,
     slots: Arc<Semaphore>,
-    name: &'static str,
+}
+
+impl Shared {
+    /// The listener's name (`proxy`, `admin`), for logs and metric labels.
+    fn name(&self) -> &'static str {
+        self.listener.options.name
+    }
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then drains within the grace.
@@ -58,7 +64,6 @@ pub async fn serve_workers(
     let shared = Arc::new(Shared {
         listener: Arc::new(Listener::new(options, stop_rx.clone())),
         slots: Arc::new(Semaphore::new(cap)),
-        name,
     });
     let (listener, threads) = spawn_workers(listener, &service, &shared, workers, &drained_rx);
     let Some(listener) = listener else {
@@ -108,7 +113,7 @@ fn spawn_workers(
     let std_listener = match listener.into_std() {
         Ok(std_listener) => std_listener,
         Err(err) => {
-            tracing::error!(%err, listener = shared.name, "cannot share the listening socket");
+            tracing::error!(%err, listener = shared.name(), "cannot share the listening socket");
             return (None, Vec::new());
         }
     };
@@ -128,7 +133,7 @@ fn spawn_workers(
     match TcpListener::from_std(std_listener) {
         Ok(listener) => (Some(listener), threads),
         Err(err) => {
-            tracing::error!(%err, listener = shared.name, "cannot serve the listening socket");
+            tracing::error!(%err, listener = shared.name(), "cannot serve the listening socket");
             (None, threads)
         }
     }
@@ -175,7 +180,7 @@ async fn accept_until(
     shared: Arc<Shared>,
     stop: impl Future<Output = ()>,
 ) {
-    let name = shared.name;
+    let name = shared.name();
     let open = metrics::gauge!("connections_open", "listener" => name);
     let refused = metrics::counter!("connections_refused_total", "listener" => name);
     tokio::pin!(stop);
