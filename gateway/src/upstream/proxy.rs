@@ -30,7 +30,7 @@ use crate::pipeline::context::RequestContext;
 use crate::pipeline::held::UntilEnd;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
-use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Probe};
+use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Picked, Probe};
 use crate::upstream::worker;
 use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
 
@@ -262,7 +262,11 @@ impl Service<Request<Body>> for Proxy {
         let avoid = info.and_then(|a| a.avoid_endpoint);
         let timeout_at = info.and_then(|a| a.timeout_at);
         let balancer = &upstream.balancer;
-        let Some(endpoint) = balancer.pick(avoid) else {
+        let Some(Picked {
+            endpoint,
+            among_several,
+        }) = balancer.pick(avoid)
+        else {
             return std::future::ready(Err(ProxyError::new(ProxyErrorKind::NoRoute, None))).boxed();
         };
         let id = endpoint.state.id;
@@ -326,7 +330,11 @@ impl Service<Request<Body>> for Proxy {
             // Innermost, so the upstream's `Connection` cannot name away the headers the
             // outer layers add to this response.
             hop_by_hop::strip_upstream_response(&mut parts.headers);
-            parts.extensions.insert(ServedBy(id));
+            // The one extension of the response (the map's allocation): only the retry
+            // layer reads it, to avoid this endpoint next time, which needs another.
+            if among_several {
+                parts.extensions.insert(ServedBy(id));
+            }
             // The endpoint's in-flight count lasts until the body ends: least_request and
             // peak_ewma see streaming responses as load. Held by the same wrapper as the
             // pooled connection: one poll layer for both.

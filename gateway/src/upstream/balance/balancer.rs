@@ -126,10 +126,14 @@ impl Balancer {
     }
 
     /// The endpoint for the next attempt, avoiding `avoid` when another is usable.
-    pub(crate) fn pick(&self, avoid: Option<usize>) -> Option<Arc<Endpoint>> {
+    pub(crate) fn pick(&self, avoid: Option<usize>) -> Option<Picked> {
         let set = self.set.load();
         let mut now = Now::new(&self.clock);
-        set.pick(avoid, &mut now).cloned()
+        let endpoint = set.pick(avoid, &mut now)?.clone();
+        Some(Picked {
+            endpoint,
+            among_several: set.endpoints().len() > 1,
+        })
     }
 
     /// Swaps in a new endpoint list unless it equals the current one; endpoints that stay
@@ -207,4 +211,12 @@ fn carried_states(current: &EndpointSet) -> HashMap<Address, Arc<EndpointState>>
         .iter()
         .map(|e| (e.address.clone(), e.state.clone()))
         .collect()
+}
+
+/// An endpoint picked for an attempt.
+pub(crate) struct Picked {
+    pub(crate) endpoint: Arc<Endpoint>,
+    /// Whether the set had others to choose from: only then does the retry layer need to
+    /// know which endpoint answered (to avoid it on the next attempt).
+    pub(crate) among_several: bool,
 }

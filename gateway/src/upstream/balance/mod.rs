@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{LoadBalancer, OutlierSettings};
-pub(crate) use balancer::Balancer;
+pub(crate) use balancer::{Balancer, Picked};
 pub(crate) use endpoint::{Address, Clock, Endpoint, EndpointState, InFlight, Now, Outcome};
 pub(crate) use health::Probe;
 
