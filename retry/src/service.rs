@@ -10,7 +10,7 @@ use std::{
 };
 
 use axum::body::Body;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either, TryFutureExt};
 use http::{HeaderMap, Request, Response};
 use portcullis_problem::grpc::Pushback;
 use tokio::time::{sleep, Instant};
@@ -81,34 +81,43 @@ where
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         // Keep the instance that was driven ready; leave a fresh clone behind.
         let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        Box::pin(run(self.shared.clone(), ready, req))
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let Some(target) = (self.shared.target)(req.extensions()).cloned() else {
+            // No policy: one attempt, no buffering, no timeout, no headers.
+            return Box::pin(ready.call(req).map_err(RetryError::Upstream));
+        };
+        // Admitted here rather than in the future: the request goes into the `Call`, and
+        // the future (copied into its box) holds that once instead of the request too.
+        let arrived = Instant::now();
+        match Call::admit(&self.shared, target, req, arrived) {
+            Ok((call, pace)) => Box::pin(run(self.shared.clone(), ready, call, pace, arrived)),
+            Err(refused) => Box::pin(std::future::ready(Err(refused))),
+        }
     }
 }
 
+/// The attempt loop of an admitted request; `arrived` as in [`Call::admit`].
 async fn run<S>(
     shared: Arc<Shared>,
     mut svc: S,
-    req: Request<Body>,
+    mut call: Call,
+    pace: Duration,
+    arrived: Instant,
 ) -> Result<Response<Body>, RetryError<S::Error>>
 where
     S: Service<Request<Body>, Response = Response<Body>> + Clone + Send,
+    S::Future: Send,
     S::Error: UpstreamFailure,
 {
-    let Some(target) = (shared.target)(req.extensions()).cloned() else {
-        // No policy: one attempt, no buffering, no timeout, no headers.
-        return svc.call(req).await.map_err(RetryError::Upstream);
-    };
-    let arrived = Instant::now();
-    let (mut call, pace) = Call::admit(&shared, target, req, arrived)?;
     if let Some(throttle) = call.dep.adaptive().filter(|_| !pace.is_zero()) {
         // Rare (adaptive throttling near its rate): boxed so that its timer does not widen
         // every request's future. Re-timed if the rate is cut meanwhile.
         Box::pin(throttle.wait_turn(pace)).await;
     }
     call.prepare(arrived).await?;
-    // Seeded only when a retry is considered: most requests never need a random draw.
-    let mut backoff = None;
+    // Seeded only when a retry is considered: most requests never need a random draw; boxed,
+    // as the generator is a few hundred bytes every request's future would carry.
+    let mut backoff: Option<Box<Backoff<_>>> = None;
     let mut attempt: u32 = 1;
     let mut avoid_endpoint = None;
     let mut dns_failures = 0;
@@ -139,7 +148,12 @@ where
         let policy = &call.policy;
         let backoff_delay = backoff
             .get_or_insert_with(|| {
-                Backoff::new(policy.jitter(), policy.base(), policy.cap(), shared.rng())
+                Box::new(Backoff::new(
+                    policy.jitter(),
+                    policy.base(),
+                    policy.cap(),
+                    shared.rng(),
+                ))
             })
             .next_delay();
         let mut progress = Progress {
@@ -195,15 +209,25 @@ where
     }
 }
 
-/// Sends one attempt; later attempts wait for readiness again first.
-async fn send<S>(svc: &mut S, first: bool, req: Request<Body>) -> Result<Response<Body>, S::Error>
+/// What [`send`] returns: the inner service's future, or a boxed wait for readiness and it.
+type Sent<'a, S> = Either<
+    <S as Service<Request<Body>>>::Future,
+    BoxFuture<'a, Result<Response<Body>, <S as Service<Request<Body>>>::Error>>,
+>;
+
+/// Sends one attempt; later attempts wait for readiness again first. The first is the
+/// inner service's own future (the layer's caller drove it ready); a later one is boxed, so
+/// that the request it holds while waiting does not widen every attempt's future.
+fn send<'a, S>(svc: &'a mut S, first: bool, req: Request<Body>) -> Sent<'a, S>
 where
-    S: Service<Request<Body>, Response = Response<Body>>,
+    S: Service<Request<Body>, Response = Response<Body>> + Send,
+    S::Future: Send,
+    S::Error: Send,
 {
-    if !first {
-        svc.ready().await?;
+    if first {
+        return Either::Left(svc.call(req));
     }
-    svc.call(req).await
+    Either::Right(Box::pin(async move { svc.ready().await?.call(req).await }))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {

@@ -24,7 +24,9 @@ use crate::pipeline::context::RequestContext;
 #[derive(Debug)]
 pub(crate) struct Attempt {
     exchange: Option<Arc<Exchange>>,
-    span: Option<Span>,
+    /// Boxed: a span is a few hundred bytes, and the attempt lives in the proxy's future
+    /// (moved into its box on every attempt) whether or not tracing is on.
+    span: Option<Box<Span>>,
     upstream: usize,
     started: Instant,
     ended: bool,
@@ -108,7 +110,7 @@ impl Attempt {
             headers.insert(TRACESTATE.clone(), state.clone());
         }
         attempt.exchange = Some(exchange);
-        attempt.span = span;
+        attempt.span = span.map(Box::new);
         (request, attempt)
     }
 

@@ -278,9 +278,11 @@ impl Service<Request<Body>> for Proxy {
         let started =
             (balancer.load_balancer() == LoadBalancer::PeakEwma).then(|| balancer.clock().now());
         // The attempt's span and trace headers (see `crate::telemetry`).
-        let prepared = prepare(request, &context, &endpoint.address, id).map(Attempt::start);
+        let (request, attempt) = match prepare(request, &context, &endpoint.address, id) {
+            Ok(request) => Attempt::start(request),
+            Err(err) => return std::future::ready(Err(err)).boxed(),
+        };
         async move {
-            let (request, attempt) = prepared?;
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
                 (request, None)

@@ -37,6 +37,7 @@ impl Call {
     ) -> Attempted<S::Error>
     where
         S: Service<http::Request<Body>, Response = Response<Body>> + Clone + Send,
+        S::Future: Send,
         S::Error: UpstreamFailure,
     {
         let dep = self.dep.clone();

@@ -12,8 +12,6 @@ use http::{Request, Response};
 use tokio::time::sleep;
 use tower::{Service, ServiceExt};
 
-use super::send;
-
 /// The answer of a hedged attempt, and whether the second copy was sent.
 pub(super) struct Raced<E> {
     pub(super) answer: Result<Response<Body>, E>,
@@ -33,7 +31,8 @@ where
     S: Service<Request<Body>, Response = Response<Body>> + Clone,
 {
     let mut other = svc.clone();
-    let first = send(svc, true, primary);
+    // The first attempt: the layer's caller drove `svc` ready.
+    let first = svc.call(primary);
     tokio::pin!(first);
     tokio::select! {
         answer = &mut first => return Raced { answer, hedged: false },

@@ -24,6 +24,7 @@
 //! keeps connecting (nothing sent) apart from the exchange (the request may have been sent).
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -185,28 +186,37 @@ impl EndpointPool {
 
     /// Sends `request` (`Host` set; its target is sent in origin form) on an idle connection,
     /// or on a new one; the response body returns the connection to this pool when it ends.
-    pub(crate) async fn send(
+    ///
+    /// Not an `async fn`: that would keep the request twice in its state (the argument and
+    /// the binding it is moved into), and the state is copied into the proxy's future.
+    pub(crate) fn send(
         self: Arc<Self>,
         mut request: Request<Body>,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, SendError>> + Send {
         origin_form(&mut request);
-        if let Some(mut sender) = self.checkout() {
-            match sender.try_send_request(request).await {
-                Ok(response) => {
-                    return Ok(response.map(|inner| Connection::hold(inner, sender, self)))
-                }
-                Err(mut err) => match err.take_message() {
-                    // Handed back unsent: the connection closed under us. Provably not
-                    // processed, so it goes once more, on a fresh connection.
-                    Some(unsent) => request = unsent,
-                    None => return Err(SendError::Exchange(err.into_error())),
+        let idle = self.checkout();
+        async move {
+            let request = match idle {
+                None => request,
+                Some(mut sender) => match sender.try_send_request(request).await {
+                    Ok(response) => {
+                        return Ok(response.map(|inner| Connection::hold(inner, sender, self)))
+                    }
+                    Err(mut err) => match err.take_message() {
+                        // Handed back unsent: the connection closed under us. Provably not
+                        // processed, so it goes once more, on a fresh connection.
+                        Some(unsent) => unsent,
+                        None => return Err(SendError::Exchange(err.into_error())),
+                    },
                 },
+            };
+            // Once per connection, not per request: boxed, so that its state does not
+            // widen every request's.
+            let mut sender = Box::pin(self.connect()).await?;
+            match sender.try_send_request(request).await {
+                Ok(response) => Ok(response.map(|inner| Connection::hold(inner, sender, self))),
+                Err(err) => Err(SendError::Exchange(err.into_error())),
             }
-        }
-        let mut sender = self.connect().await?;
-        match sender.try_send_request(request).await {
-            Ok(response) => Ok(response.map(|inner| Connection::hold(inner, sender, self))),
-            Err(err) => Err(SendError::Exchange(err.into_error())),
         }
     }
 
