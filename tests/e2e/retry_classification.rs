@@ -138,6 +138,67 @@ async fn connect_refused_moves_to_another_endpoint_even_for_a_bare_post() {
     );
 }
 
+/// The proxy names the endpoint that answered only when the upstream has several; this is
+/// the case where it matters. Weights 9:1 make smooth round robin give the failing endpoint
+/// nine picks in ten, so a retry that did not avoid it would usually land on it again and,
+/// with one retry allowed, reach the client as a 503.
+#[tokio::test]
+async fn a_503_sends_the_retry_to_the_other_endpoint() {
+    let failing = ScriptedUpstream::start_with_fallback(vec![], Step::status(503)).await;
+    let healthy = ScriptedUpstream::start(vec![]).await;
+    let endpoints = format!(
+        "[{{ url = \"{}\", weight = 9 }}, \"{}\"]",
+        failing.url(),
+        healthy.url()
+    );
+    let config = format!(
+        "[[upstreams]]\nname = \"u\"\nendpoints = {endpoints}\n\
+         retry = {{ max_retries = 1, base = \"10ms\", cap = \"20ms\", budget_percent = 50, budget_min_retries_per_second = 100 }}\n\
+         outlier = {{ consecutive_failures = 0 }}\n\n[[routes]]\nprefix = \"/\"\nupstream = \"u\"\n"
+    );
+    let gateway = GatewayProcess::start(BIN, &config).await;
+    let requests = 6;
+    for i in 0..requests {
+        let response = client()
+            .get(format!("{}/avoid/{i}", gateway.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "request {i}: the retry went back to the endpoint that answered 503"
+        );
+    }
+    let failed = failing.hits();
+    let served = healthy.hits();
+    assert_eq!(
+        served.len(),
+        requests,
+        "the healthy endpoint served every request"
+    );
+    assert!(
+        failed.len() >= requests / 2,
+        "most first attempts went to the weighted endpoint: {}",
+        failed.len()
+    );
+    for hit in &failed {
+        assert_eq!(
+            hit.headers["x-retry-attempt"], "1",
+            "the failing endpoint saw only first attempts"
+        );
+    }
+    let retried = served
+        .iter()
+        .filter(|hit| hit.headers["x-retry-attempt"] == "2")
+        .count();
+    assert_eq!(
+        retried,
+        failed.len(),
+        "each 503 was followed by one attempt on the other endpoint"
+    );
+}
+
 #[tokio::test]
 async fn stalled_attempt_times_out_and_get_is_retried() {
     let upstream = ScriptedUpstream::start(vec![
