@@ -144,11 +144,6 @@ impl RetryBudget {
         }
     }
 
-    /// Records one original request.
-    pub(crate) fn deposit(&self) {
-        self.deposit_at(Instant::now());
-    }
-
     /// Takes one retry from the budget; `false` (and counted as
     /// `retry_budget_exhausted_total`) when the budget is spent.
     pub(crate) fn try_withdraw(&self) -> bool {
@@ -161,6 +156,7 @@ impl RetryBudget {
         snapshot(&self.config, &mut ring, Instant::now())
     }
 
+    /// Records one original request, which arrived at `now`.
     pub(super) fn deposit_at(&self, now: Instant) {
         let snap = {
             let mut ring = self.lock();

@@ -223,6 +223,9 @@ pub struct AttemptInfo {
     /// shorten with `X-Request-Deadline` or `grpc-timeout`) cut the attempt shorter: a
     /// caller's own hurry says nothing about the endpoint.
     pub timeout_at: Option<tokio::time::Instant>,
+    /// When the retry layer sent this attempt: the attempt's telemetry starts from it
+    /// rather than reading the clock again.
+    pub started: tokio::time::Instant,
 }
 
 /// Request extension on a hedged first attempt: the upstream client records in it the

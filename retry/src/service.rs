@@ -127,12 +127,13 @@ where
             outcome,
             last,
             pushback,
+            ended,
         } = call
             .attempt(&mut svc, &mut attempt, avoid_endpoint, waited)
             .await;
         let health = classify::breaker_outcome(outcome);
         let Some(rung) = classify::retry_rung(outcome, call.safety) else {
-            call.permit.record(health);
+            call.permit.record(health, ended);
             return last.into_result();
         };
         let error_type = classify::error_type(outcome);
@@ -170,7 +171,7 @@ where
             if let Some(op) = call.operation() {
                 call.dep.exhausted().remember(op, Instant::now());
             }
-            call.permit.record(health);
+            call.permit.record(health, ended);
             return last.exhausted(attempt, stop).into_result();
         }
 

@@ -46,7 +46,9 @@ impl Attempt {
             exchange: None,
             span: None,
             upstream,
-            started: Instant::now(),
+            // The retry layer read the clock as it sent the attempt; without it (never in
+            // the gateway's stack) the attempt starts now.
+            started: info.map_or_else(Instant::now, |i| i.started),
             ended: false,
         };
         let Some(exchange) = exchange else {

@@ -32,20 +32,9 @@ impl BreakerPermit {
         self.shared.lock().generation == self.generation
     }
 
-    /// Records the outcome of the request this permit admitted (of its last attempt).
-    pub(crate) fn record(mut self, outcome: BreakerOutcome) {
-        self.done = true;
-        self.shared.on_outcome(
-            self.generation,
-            self.probe,
-            self.caller,
-            Some(outcome),
-            Instant::now(),
-        );
-    }
-
-    #[cfg(test)]
-    pub(super) fn record_at(mut self, outcome: BreakerOutcome, now: Instant) {
+    /// Records the outcome of the request this permit admitted (of its last attempt, which
+    /// ended at `now`).
+    pub(crate) fn record(mut self, outcome: BreakerOutcome, now: Instant) {
         self.done = true;
         self.shared
             .on_outcome(self.generation, self.probe, self.caller, Some(outcome), now);

@@ -27,7 +27,7 @@ fn breaker(probes: u32) -> CircuitBreaker {
 fn record_as(b: &CircuitBreaker, caller: u64, outcome: BreakerOutcome, now: Instant) {
     b.try_acquire_at(caller, now)
         .expect("admitted")
-        .record_at(outcome, now);
+        .record(outcome, now);
 }
 
 fn record(b: &CircuitBreaker, outcome: BreakerOutcome, now: Instant) {
@@ -139,9 +139,9 @@ async fn opens_fails_fast_then_probes_and_closes() {
         b.try_acquire_at(1, t1).expect_err("slots full"),
         PROBES_BUSY_RETRY_AFTER
     );
-    p1.record_at(Success, t1);
+    p1.record(Success, t1);
     assert_eq!(b.state(), BreakerState::HalfOpen, "one success of two");
-    p2.record_at(Success, t1);
+    p2.record(Success, t1);
     assert_eq!(b.state(), BreakerState::Closed);
     // The window starts empty after closing.
     for _ in 0..19 {
@@ -158,9 +158,7 @@ async fn failed_probe_reopens() {
         record(&b, Failure, t0);
     }
     let t1 = t0 + Duration::from_secs(10);
-    b.try_acquire_at(1, t1)
-        .expect("probe")
-        .record_at(Failure, t1);
+    b.try_acquire_at(1, t1).expect("probe").record(Failure, t1);
     assert_eq!(b.state(), BreakerState::Open);
     let wait = b
         .try_acquire_at(1, t1 + Duration::from_secs(1))
@@ -183,11 +181,11 @@ async fn dropped_probe_frees_its_slot_and_stale_permits_are_ignored() {
     assert!(b.try_acquire_at(1, t1).is_err());
     drop(probe);
     // An outcome from before the breaker opened changes nothing now.
-    stale.record_at(Failure, t1);
+    stale.record(Failure, t1);
     assert_eq!(b.state(), BreakerState::HalfOpen);
     b.try_acquire_at(1, t1)
         .expect("slot freed")
-        .record_at(Success, t1);
+        .record(Success, t1);
     assert_eq!(b.state(), BreakerState::Closed);
 }
 
@@ -311,20 +309,16 @@ async fn half_open_needs_min_callers_failed_probes_and_one_slot_per_caller() {
         PROBES_BUSY_RETRY_AFTER
     );
     // Its probe fails (its failing path), repeatedly: that alone does not reopen.
-    p7.record_at(Failure, t1);
+    p7.record(Failure, t1);
     for _ in 0..5 {
         b.try_acquire_at(7, t1)
             .expect("slot freed")
-            .record_at(Failure, t1);
+            .record(Failure, t1);
     }
     assert_eq!(b.state(), BreakerState::HalfOpen);
     // Other callers' probes succeed: the breaker closes.
-    b.try_acquire_at(1, t1)
-        .expect("probe")
-        .record_at(Success, t1);
-    b.try_acquire_at(2, t1)
-        .expect("probe")
-        .record_at(Success, t1);
+    b.try_acquire_at(1, t1).expect("probe").record(Success, t1);
+    b.try_acquire_at(2, t1).expect("probe").record(Success, t1);
     assert_eq!(b.state(), BreakerState::Closed);
 
     // Still down: probes of three distinct callers fail, and it reopens.
@@ -336,12 +330,10 @@ async fn half_open_needs_min_callers_failed_probes_and_one_slot_per_caller() {
     for caller in [1, 2] {
         b.try_acquire_at(caller, t2)
             .expect("probe")
-            .record_at(Failure, t2);
+            .record(Failure, t2);
         assert_eq!(b.state(), BreakerState::HalfOpen);
     }
-    b.try_acquire_at(3, t2)
-        .expect("probe")
-        .record_at(Failure, t2);
+    b.try_acquire_at(3, t2).expect("probe").record(Failure, t2);
     assert_eq!(b.state(), BreakerState::Open);
 }
 

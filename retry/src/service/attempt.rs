@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::Response;
 use portcullis_problem::grpc::{self, GrpcCode, Pushback};
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 use tower::Service;
 
 use super::{call::Call, grpc_call, hedge, last::Last, send};
@@ -21,6 +21,8 @@ pub(super) struct Attempted<E> {
     pub(super) outcome: AttemptOutcome,
     pub(super) last: Last<E>,
     pub(super) pushback: Option<Pushback>,
+    /// When the answer (or the timeout) came.
+    pub(super) ended: Instant,
 }
 
 // === impl Call ===
@@ -53,6 +55,7 @@ impl Call {
             avoid_endpoint,
             backoff: waited,
             timeout_at,
+            started,
         };
         dep.metrics().attempt();
         // Only the first attempt of an idempotent request is hedged, to another endpoint.
@@ -76,8 +79,8 @@ impl Call {
         let sent = match hedge_after {
             None => {
                 let first = *attempt == 1;
-                timeout(
-                    limit,
+                tokio::time::timeout_at(
+                    started + limit,
                     send(svc, first, self.request(info, grpc_timeout.as_ref())),
                 )
                 .await
@@ -87,7 +90,7 @@ impl Call {
             Some(after) => {
                 let req = self.request(info, grpc_timeout.as_ref());
                 let hedge = self.hedged(svc, req, after, grpc_timeout, timeout_at);
-                Box::pin(timeout(limit, hedge))
+                Box::pin(tokio::time::timeout_at(started + limit, hedge))
                     .await
                     .map(|(answer, hedged)| {
                         if hedged {
@@ -134,6 +137,7 @@ impl Call {
             outcome,
             last,
             pushback,
+            ended: now,
         }
     }
 
@@ -172,6 +176,7 @@ impl Call {
                     avoid_endpoint: picked.get(),
                     backoff: after,
                     timeout_at,
+                    started: Instant::now(),
                 };
                 self.request(info, grpc_timeout.as_ref())
             })

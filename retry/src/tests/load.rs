@@ -151,7 +151,7 @@ async fn retries_stop_when_the_breaker_opens() {
         breaker
             .try_acquire(caller)
             .expect("closed")
-            .record(BreakerOutcome::Failure);
+            .record(BreakerOutcome::Failure, tokio::time::Instant::now());
     }
     assert_eq!(breaker.state(), BreakerState::Open);
     let err = waiting
