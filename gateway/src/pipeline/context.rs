@@ -50,13 +50,11 @@ impl RequestContext {
         Self::of(extensions).map(|context| &context.route.retry)
     }
 
-    /// The breaker's caller key (`RetryLayer::new`, see [`tenant::caller_key`]): hashed only
+    /// The breaker's caller key (`RetryLayer::new`, see [`tenant::breaker_key`]): hashed only
     /// for requests that reach the breaker. One shared key without a context (never in the
     /// gateway's stack).
     pub(crate) fn breaker_key(extensions: &Extensions) -> u64 {
-        Self::of(extensions).map_or(0, |context| {
-            tenant::caller_key(&context.caller, context.client.ip)
-        })
+        Self::of(extensions).map_or(0, |context| tenant::breaker_key(&context.caller))
     }
 }
 

@@ -126,6 +126,22 @@ pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
     hasher.finish()
 }
 
+/// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, and one key for all
+/// anonymous callers together. Client addresses are cheap (an IPv4 address each, an IPv6 /64
+/// by the billion), so counting each as a caller, as [`caller_key`] does for concurrency,
+/// would let one attacker pose as the `min_callers` distinct callers that open a breaker for
+/// every tenant; counted together, anonymous traffic is one caller and an outage must be seen
+/// by several tenants. Read from the request context by the retry layer.
+pub fn breaker_key(caller: &Caller) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match caller {
+        Caller::Tenant(tenant) => ("tenant", &tenant.id).hash(&mut hasher),
+        Caller::Anonymous => "anonymous".hash(&mut hasher),
+    }
+    hasher.finish()
+}
+
 /// The API key and the header it came in: `X-API-Key` first, then `Authorization: Bearer`.
 fn presented_key(headers: &http::HeaderMap) -> Option<(HeaderName, String)> {
     if let Some(value) = headers.get(&X_API_KEY) {
