@@ -107,7 +107,7 @@ pub use record::{Completion, RecordInfo, RecordState, StoredResponse};
 pub use rejection::Rejection;
 pub use service::Idempotency;
 pub use settings::{ExtractSettings, IdempotencySettings, OnInFlight, SettingsError};
-pub use store::memory::MemoryStore;
+pub use store::memory::{MemoryStore, Shares, Whole};
 pub use store::postgres::{PostgresSettings, PostgresStore};
 pub use store::redis::RedisStore;
 pub use store::{LockOutcome, RecordKey, Store, StoreError};

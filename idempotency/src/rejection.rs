@@ -40,6 +40,12 @@ pub enum Rejection {
         /// Suggested wait before retrying.
         retry_after: Duration,
     },
+    /// 503: the bounded store holds as much as the caller's tenant may keep (or as much as
+    /// it may keep at all); the request was not forwarded. Other tenants are unaffected.
+    StoreFull {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
     /// 400: the request body could not be read (the client aborted or sent bad framing).
     BodyUnreadable,
     /// 413: a limit below this layer (the server's body limit) cut the body off while the
@@ -66,7 +72,9 @@ impl Rejection {
             Self::BodyTooLarge { .. } | Self::BodyLimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InFlight { .. } | Self::TooLargeToReplay { .. } => StatusCode::CONFLICT,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable { .. } | Self::StoreFull { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::OutcomeUnknown | Self::Interrupted => StatusCode::BAD_GATEWAY,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -82,6 +90,7 @@ impl Rejection {
             Self::TooLargeToReplay { .. } => "idempotency-response-not-stored",
             Self::Mismatch => "idempotency-key-reused",
             Self::StoreUnavailable { .. } => "idempotency-store-unavailable",
+            Self::StoreFull { .. } => "idempotency-store-full",
             Self::BodyUnreadable => "request-body-unreadable",
             Self::BodyLimitExceeded => "body-too-large",
             Self::OutcomeUnknown => "idempotency-outcome-unknown",
@@ -99,9 +108,9 @@ impl Rejection {
     /// `Retry-After` in whole seconds (rounded up, at least 1), when waiting may help.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::InFlight { retry_after } | Self::StoreUnavailable { retry_after } => {
-                Some(retry_after_secs(*retry_after))
-            }
+            Self::InFlight { retry_after }
+            | Self::StoreUnavailable { retry_after }
+            | Self::StoreFull { retry_after } => Some(retry_after_secs(*retry_after)),
             _ => None,
         }
     }
@@ -115,6 +124,7 @@ impl Rejection {
             Self::TooLargeToReplay { .. } => "Response for this Idempotency-Key cannot be replayed",
             Self::Mismatch => "Idempotency-Key reused with a different request",
             Self::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Self::StoreFull { .. } => "Idempotency store full for this tenant",
             Self::BodyUnreadable => "Request body could not be read",
             Self::BodyLimitExceeded => "Request body too large",
             Self::OutcomeUnknown => "Upstream outcome unknown",
@@ -147,6 +157,10 @@ impl Rejection {
                 .to_owned(),
             Self::StoreUnavailable { .. } => "The request was not forwarded because its \
                 Idempotency-Key could not be recorded. Retry later with the same key."
+                .to_owned(),
+            Self::StoreFull { .. } => "The request was not forwarded because the \
+                Idempotency-Key records this tenant may keep take all of its share of the \
+                store until some of them expire. Retry later with the same key."
                 .to_owned(),
             Self::BodyUnreadable => "The request body ended early or was malformed.".to_owned(),
             Self::BodyLimitExceeded => {

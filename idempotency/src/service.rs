@@ -23,7 +23,7 @@ use crate::key::{IdempotencyKey, KeyError};
 use crate::rejection::Rejection;
 use crate::settings::ExtractSettings;
 use crate::settings::{IdempotencySettings, OnInFlight};
-use crate::store::{LockOutcome, RecordKey, Store};
+use crate::store::{LockOutcome, RecordKey, Store, StoreError};
 
 /// `Retry-After` for a duplicate in flight. Most requests finish well within a second; the
 /// lease (the worst case) is often 30 s and would send clients away for far too long.
@@ -32,6 +32,10 @@ const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// `Retry-After` when the store is unreachable: long enough for a Redis failover to start
 /// showing, short enough that a blip costs one second.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` when the tenant's share of a bounded store is full: room comes back only as
+/// its records expire, so a client retrying every second would only add load.
+const STORE_FULL_RETRY_AFTER: Duration = Duration::from_secs(10);
 
 const WAIT_BACKOFF_START: Duration = Duration::from_millis(25);
 const WAIT_BACKOFF_CAP: Duration = Duration::from_secs(1);
@@ -245,9 +249,17 @@ async fn acquire(
                 .increment(1);
                 tracing::warn!(error = %e, transient = e.is_transient(), tenant = %record.tenant,
                     "idempotency store unavailable; refusing to forward unprotected");
-                let retry_after = STORE_RETRY_AFTER;
-                return Err(Marked::Unavailable
-                    .mark(Rejection::StoreUnavailable { retry_after }.into_response()));
+                let rejection = match e {
+                    StoreError::Full { .. } | StoreError::ShareFull { .. } => {
+                        Rejection::StoreFull {
+                            retry_after: STORE_FULL_RETRY_AFTER,
+                        }
+                    }
+                    _ => Rejection::StoreUnavailable {
+                        retry_after: STORE_RETRY_AFTER,
+                    },
+                };
+                return Err(Marked::Unavailable.mark(rejection.into_response()));
             }
         }
     }

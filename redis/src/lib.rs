@@ -180,6 +180,28 @@ impl RedisConnection {
     pub async fn ping(&mut self) -> RedisResult<()> {
         redis::cmd("PING").query_async::<()>(self).await
     }
+
+    /// The server's eviction rule as `(maxmemory, maxmemory-policy)`, from `CONFIG GET` (on a
+    /// cluster, of the node the command is routed to). A server whose `maxmemory` is set
+    /// and whose policy is not `noeviction` may drop keys before their TTL under memory
+    /// pressure, whatever tenant's load caused it.
+    pub async fn eviction_policy(&mut self) -> RedisResult<(u64, String)> {
+        let maxmemory: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory")
+            .query_async(self)
+            .await?;
+        let policy: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(self)
+            .await?;
+        let bytes = maxmemory
+            .get(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        Ok((bytes, policy.get(1).cloned().unwrap_or_default()))
+    }
 }
 
 impl std::fmt::Debug for RedisConnection {

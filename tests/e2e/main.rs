@@ -28,6 +28,8 @@ mod edge_breaker;
 mod tenant_resolution;
 // Idempotency-Key through the binary: single execution, replay, outcome table, scoping.
 mod idempotency_replay;
+// Idempotency shares: one tenant filling the memory store leaves another's records replayable.
+mod idempotency_shares;
 // Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
 mod idempotency_shared;
 // PostgreSQL idempotency store through the binary: pool size bounds connections, database restart.

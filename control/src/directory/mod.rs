@@ -227,7 +227,8 @@ impl Snapshot {
     }
 
     /// Number of tenants.
-    pub(crate) fn len(&self) -> usize {
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
         self.by_id.len()
     }
 }

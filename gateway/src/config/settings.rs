@@ -150,6 +150,8 @@ pub struct StorageSettings {
     pub database: DatabaseBackend,
     /// Memory idempotency store bound.
     pub memory_max_bytes: u64,
+    /// Shares of that bound set per tenant id (`anonymous`: every anonymous caller together).
+    pub memory_shares: std::collections::BTreeMap<String, u64>,
     /// State-store round-trip timeout.
     pub state_timeout: Duration,
     /// Connections of the PostgreSQL idempotency store (`None`: derived from the cores).

@@ -239,11 +239,20 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
     if let Some(size) = raw.postgres_pool_size {
         issues.range("storage.postgres_pool_size", size, 1, 256);
     }
+    for (tenant, bytes) in &raw.memory_shares {
+        issues.range(
+            format!("storage.memory_shares.{tenant}"),
+            *bytes,
+            1 << 16,
+            raw.memory_max_bytes,
+        );
+    }
     StorageSettings {
         state,
         idempotency,
         database,
         memory_max_bytes: raw.memory_max_bytes,
+        memory_shares: raw.memory_shares.clone(),
         state_timeout: raw.state_timeout.get(),
         postgres_pool_size: raw.postgres_pool_size,
     }

@@ -4,15 +4,21 @@
 //!
 //! Records are scoped by tenant and route name (its prefix unless named). Anonymous callers are scoped by client IP
 //! (`ip:203.0.113.9`), so one anonymous client can neither read nor block another's keys.
+//!
+//! The memory store's bound is split into shares ([`TenantShares`]): one per tenant and one
+//! for all anonymous callers together, so no caller's load can take another's room.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
+use portcullis_control::Directory;
 use portcullis_idempotency::store::postgres::default_pool_size;
 use portcullis_idempotency::{
     ExtractSettings, IdempotencySettings as LayerSettings, MemoryStore, OnInFlight,
-    PostgresSettings, PostgresStore, RedisStore, Store, StoreError,
+    PostgresSettings, PostgresStore, RedisStore, Shares, Store, StoreError,
 };
 
 use crate::config::{Config, IdempotencyBackend, InFlightMode};
@@ -24,6 +30,13 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// How often, and how many at a time, PostgreSQL expired records are reaped.
 const REAP_EVERY: Duration = Duration::from_secs(30);
 const REAP_BATCH: i64 = 1000;
+
+/// The record scope of an anonymous caller is this prefix and its address.
+const ANONYMOUS_SCOPE: &str = "ip:";
+/// The share every anonymous scope is charged to (no tenant id has this form).
+const ANONYMOUS_SHARE: &str = "ip:*";
+/// How `storage.memory_shares` names the anonymous share.
+const ANONYMOUS_SHARE_KEY: &str = "anonymous";
 
 /// Why the idempotency store could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -37,12 +50,17 @@ pub enum IdempotencyStoreError {
     Database(#[from] portcullis_control::DbError),
 }
 
-/// Builds the configured store and starts its background expiry.
-pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyStoreError> {
+/// Builds the configured store and starts its background expiry. `directory` tells the
+/// memory store's shares how many tenants there are.
+pub async fn build_store(
+    config: &Config,
+    directory: &Arc<Directory>,
+) -> Result<Arc<dyn Store>, IdempotencyStoreError> {
     let store: Arc<dyn Store> = match &config.storage.idempotency {
         IdempotencyBackend::Memory => {
             let capacity = usize::try_from(config.storage.memory_max_bytes).unwrap_or(usize::MAX);
-            let store = Arc::new(MemoryStore::new(capacity));
+            let shares = TenantShares::new(directory.clone(), &config.storage.memory_shares);
+            let store = Arc::new(MemoryStore::new(capacity).with_shares(Arc::new(shares)));
             store.spawn_sweeper(SWEEP_EVERY);
             store
         }
@@ -85,6 +103,63 @@ pub async fn build_store(config: &Config) -> Result<Arc<dyn Store>, IdempotencyS
     Ok(store)
 }
 
+/// The memory store's shares: a tenant, and all anonymous callers together, each hold at most
+/// their share of the bound. A share set in `storage.memory_shares` is that many bytes; every
+/// other one is an equal part of what the set ones leave, among the tenants the directory
+/// holds now plus the anonymous share. A tenant added at run time shrinks the others' parts
+/// for new keys; records already stored stay until they expire.
+struct TenantShares {
+    directory: Arc<Directory>,
+    /// Set shares by share name (the anonymous one under [`ANONYMOUS_SHARE`]).
+    fixed: BTreeMap<String, usize>,
+    fixed_total: usize,
+}
+
+impl TenantShares {
+    fn new(directory: Arc<Directory>, configured: &BTreeMap<String, u64>) -> Self {
+        let fixed: BTreeMap<String, usize> = configured
+            .iter()
+            .map(|(name, &bytes)| {
+                let share = match name.as_str() {
+                    ANONYMOUS_SHARE_KEY => ANONYMOUS_SHARE.to_owned(),
+                    tenant => tenant.to_owned(),
+                };
+                (share, usize::try_from(bytes).unwrap_or(usize::MAX))
+            })
+            .collect();
+        let fixed_total = fixed.values().fold(0usize, |a, b| a.saturating_add(*b));
+        Self {
+            directory,
+            fixed,
+            fixed_total,
+        }
+    }
+}
+
+impl Shares for TenantShares {
+    fn share_of<'t>(&self, tenant: &'t str) -> Cow<'t, str> {
+        if tenant.starts_with(ANONYMOUS_SCOPE) {
+            Cow::Borrowed(ANONYMOUS_SHARE)
+        } else {
+            Cow::Borrowed(tenant)
+        }
+    }
+
+    fn bytes(&self, share: &str, capacity: usize) -> usize {
+        if let Some(&bytes) = self.fixed.get(share) {
+            return bytes;
+        }
+        let tenants = self.directory.load();
+        let set = self
+            .fixed
+            .keys()
+            .filter(|name| *name == ANONYMOUS_SHARE || tenants.by_id(name).is_some())
+            .count();
+        let sharing = (tenants.len() + 1).saturating_sub(set).max(1);
+        capacity.saturating_sub(self.fixed_total) / sharing
+    }
+}
+
 /// The per-route settings, built once; the extractor only fills in the tenant.
 pub fn extractor(config: &Config) -> ExtractSettings {
     let templates: Vec<Option<LayerSettings>> = config
@@ -119,7 +194,7 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         let tenant = match &context.caller {
             Caller::Tenant(tenant) => tenant.id.clone(),
             Caller::Anonymous if template.methods.contains(&parts.method) => {
-                format!("ip:{}", context.client.ip).into()
+                format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into()
             }
             Caller::Anonymous => return None,
         };

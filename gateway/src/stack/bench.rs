@@ -32,7 +32,7 @@ pub async fn pipeline(config: &Config, dir: &Path) -> Result<HttpService, crate:
         upstreams,
         dependencies,
         limiter: crate::pipeline::ratelimit::build_limiter(config)?,
-        idempotency_store: crate::pipeline::idempotency::build_store(config).await?,
+        idempotency_store: crate::pipeline::idempotency::build_store(config, &directory).await?,
         directory,
         health: Arc::new(Health::new(db, Vec::new())),
     };

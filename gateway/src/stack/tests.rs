@@ -141,7 +141,7 @@ async fn stack_with_directory() -> (HttpService, Log, tempfile::TempDir, Arc<Dir
         upstreams,
         dependencies,
         limiter: crate::pipeline::ratelimit::build_limiter(&config).unwrap(),
-        idempotency_store: crate::pipeline::idempotency::build_store(&config)
+        idempotency_store: crate::pipeline::idempotency::build_store(&config, &directory)
             .await
             .unwrap(),
         directory: directory.clone(),

@@ -30,9 +30,10 @@ impl Stores {
             source,
         })?;
         db.upsert_tenants(&tenant_seeds(&config.tenants)).await?;
+        let directory = Arc::new(Directory::open(&db).await?);
         Ok(Self {
-            directory: Arc::new(Directory::open(&db).await?),
-            idempotency: pipeline::idempotency::build_store(config).await?,
+            idempotency: pipeline::idempotency::build_store(config, &directory).await?,
+            directory,
             limiter: pipeline::ratelimit::build_limiter(config)?,
             db,
         })

@@ -29,6 +29,17 @@ pub enum StoreError {
         /// Configured capacity.
         capacity: usize,
     },
+    /// The memory store holds as much of the tenant's records as its share allows; other
+    /// tenants' shares are untouched. Passes as the tenant's records expire.
+    #[error("idempotency store: share {share:?} full: {needed} bytes needed, {limit} byte share")]
+    ShareFull {
+        /// The share the tenant is charged to.
+        share: String,
+        /// Bytes the new record needs.
+        needed: usize,
+        /// The share's size.
+        limit: usize,
+    },
     /// The backend did not answer in time.
     #[error("idempotency store timed out after {0:?}")]
     Timeout(Duration),
@@ -47,6 +58,19 @@ pub enum StoreError {
     /// A PostgreSQL error.
     #[error("postgres: {0}")]
     Postgres(#[from] sqlx::Error),
+    /// Redis may evict keys before their TTL (`maxmemory` set, `maxmemory-policy` other than
+    /// `noeviction`): a record could vanish under any tenant's load and its key execute twice.
+    #[error(
+        "redis evicts keys under memory pressure (maxmemory {maxmemory}, maxmemory-policy \
+         {policy}): an idempotency record could go before its TTL and a retry execute twice; \
+         set maxmemory-policy noeviction (or maxmemory 0)"
+    )]
+    Evicting {
+        /// The server's `maxmemory`.
+        maxmemory: u64,
+        /// The server's `maxmemory-policy`.
+        policy: String,
+    },
     /// The store returned data this crate cannot interpret.
     #[error("corrupt idempotency record: {0}")]
     Corrupt(String),
@@ -60,7 +84,10 @@ impl StoreError {
     /// callers whether the condition is expected to pass.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Full { .. } | Self::Timeout(_) | Self::PoolExhausted { .. } => true,
+            Self::Full { .. }
+            | Self::ShareFull { .. }
+            | Self::Timeout(_)
+            | Self::PoolExhausted { .. } => true,
             Self::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()
@@ -91,7 +118,10 @@ impl StoreError {
                 }),
                 _ => false,
             },
-            Self::Fenced { .. } | Self::LeaseLost { .. } | Self::Corrupt(_) => false,
+            Self::Fenced { .. }
+            | Self::LeaseLost { .. }
+            | Self::Corrupt(_)
+            | Self::Evicting { .. } => false,
         }
     }
 
@@ -107,11 +137,13 @@ impl StoreError {
             Self::Fenced { .. } => "fenced",
             Self::LeaseLost { .. } => "lease_lost",
             Self::Full { .. } => "full",
+            Self::ShareFull { .. } => "share_full",
             Self::Timeout(_) => "timeout",
             Self::PoolExhausted { .. } => "pool_exhausted",
             Self::Redis(_) => "redis",
             Self::Postgres(_) => "postgres",
             Self::Corrupt(_) => "corrupt",
+            Self::Evicting { .. } => "evicting",
         }
     }
 }

@@ -7,18 +7,22 @@
 //!   allocator size classes plus [`ENTRY_OVERHEAD`] (the entry, the table slot at 50 % load
 //!   and 1.5 heap items). With the gateway's allocator, resident memory tracks the bound
 //!   within about 10 % for small responses (BENCHMARKS.md, "Cost growth").
-//! - **When full**, expired records go first, then finished records nearest their expiry
-//!   (across all shards; each eviction peeks every shard, which is fine on this rare path).
-//!   In-flight records with a live lease are never evicted: that would let a duplicate run
-//!   while the first copy is still executing. If nothing more can go, `try_lock` fails with
-//!   the transient [`StoreError::Full`] and the layer answers 503. Evicting a completed record
-//!   before its retention ends re-opens its key; `idempotency_evictions_total` counts that,
-//!   and the capacity should cover `retention × keyed request rate × response size`.
-//! - **TTL**: each `try_lock` purges the expired records of its shard; eviction under
-//!   pressure and [`MemoryStore::purge_expired`] sweep the others.
-//! - **Sharded** `Mutex<Shard>` (16 shards, see `shard.rs` for the table and expiry heap). Locks are held for map operations only, never
-//!   across an `.await`. Eviction visits other shards with `try_lock`, so two shards are
-//!   never waited on at once and lock order cannot deadlock.
+//! - **Nothing live is evicted.** A record stays until its retention ends, is released or
+//!   deleted: evicting a completed record early would re-open its key, and the client's retry
+//!   would execute a second time. When a new key does not fit, expired records are swept
+//!   (all shards) and, if that is not enough, `try_lock` fails with a transient error and the
+//!   layer answers 503: [`StoreError::ShareFull`] when the tenant's share is full,
+//!   [`StoreError::Full`] when the whole bound is. A completion that does not fit keeps a
+//!   small too-large tombstone (answered 422 on replay), never nothing.
+//! - **Shares** ([`Shares`]): each record is charged to its tenant's share as well as to the
+//!   bound, so one tenant's load can fill its own share and never another's room. Without
+//!   [`MemoryStore::with_shares`] every tenant may use the whole bound ([`Whole`]).
+//! - **TTL**: each `try_lock` purges the expired records of its shard; a full store and
+//!   [`MemoryStore::purge_expired`] sweep the others.
+//! - **Sharded** `Mutex<Shard>` (16 shards, see `shard.rs` for the table and expiry heap).
+//!   Locks are held for map operations only, never across an `.await`. The sweep visits other
+//!   shards with `try_lock`, so two shards are never waited on at once and lock order cannot
+//!   deadlock.
 //! - **Time**: leases and TTLs run on `tokio::time::Instant`, so tests drive them with
 //!   `start_paused`; wall-clock times for the admin view come from the injected [`Clock`].
 
@@ -37,9 +41,13 @@ use crate::record::{Completion, RecordInfo, RecordState};
 
 mod blob;
 mod shard;
+mod share;
 
 use blob::Blob;
 use shard::{charge, hash_key, Shard, State};
+use share::{ShareTable, ShareUse};
+
+pub use share::{Shares, Whole};
 
 /// Bytes charged per record on top of its encoded key and response: its boxed entry, its
 /// table slot at 50 % load and 1.5 expiry-heap items, computed from their layout (≈ 194
@@ -53,22 +61,20 @@ pub const DEFAULT_CAPACITY_BYTES: usize = 64 << 20;
 
 const SHARDS: usize = 16;
 
-/// Upper bound on evictions while making room for one record.
-const MAX_EVICTIONS_PER_CALL: usize = 4096;
-
 /// In-memory [`Store`], bounded by bytes, with TTL eviction.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     capacity: usize,
     used: AtomicUsize,
+    shares: Arc<dyn Shares>,
+    share_use: ShareTable,
     next_fencing: AtomicU64,
     clock: Arc<dyn Clock>,
-    /// `idempotency_stored_bytes` and `idempotency_evictions_total`, resolved once against
-    /// the recorder installed when the store is built (the gateway installs it first): a
-    /// `gauge!` per request looked the series up in the registry every time.
+    /// `idempotency_stored_bytes`, resolved once against the recorder installed when the
+    /// store is built (the gateway installs it first): a `gauge!` per request looked the
+    /// series up in the registry every time.
     stored_bytes: metrics::Gauge,
-    evictions: metrics::Counter,
 }
 
 // === impl MemoryStore ===
@@ -87,11 +93,23 @@ impl MemoryStore {
             hasher,
             capacity: capacity_bytes,
             used: AtomicUsize::new(0),
+            shares: Arc::new(Whole),
+            share_use: ShareTable::default(),
             next_fencing: AtomicU64::new(1),
             clock,
             stored_bytes: metrics::gauge!("idempotency_stored_bytes"),
-            evictions: metrics::counter!("idempotency_evictions_total"),
         }
+    }
+
+    /// Splits the bound between tenants by `shares` (see [`Shares`]).
+    pub fn with_shares(mut self, shares: Arc<dyn Shares>) -> Self {
+        self.shares = shares;
+        self
+    }
+
+    /// Bytes currently charged to the share `tenant` belongs to.
+    pub fn share_used_bytes(&self, tenant: &str) -> usize {
+        self.share_use.get(&self.shares.share_of(tenant)).used()
     }
 
     /// Bytes currently accounted to stored records.
@@ -155,11 +173,9 @@ impl MemoryStore {
         self.stored_bytes.set(self.used_bytes() as f64);
     }
 
-    /// Makes room for `needed` bytes: expired records first (all shards), then finished
-    /// records in global order of expiry. `own` is the shard the caller holds (index
-    /// `own_idx`); other shards are only ever `try_lock`ed, and skipped when busy, so no
-    /// thread waits on a second lock. Returns whether the bytes are reserved.
-    fn reserve_evicting(
+    /// Reserves `needed` bytes of the bound, sweeping expired records (all shards) when they
+    /// do not fit at once. Returns whether the bytes are reserved.
+    fn reserve_sweeping(
         &self,
         own: &mut Shard,
         own_idx: usize,
@@ -169,6 +185,13 @@ impl MemoryStore {
         if self.try_reserve(needed) {
             return true;
         }
+        self.sweep(own, own_idx, now);
+        self.try_reserve(needed)
+    }
+
+    /// Removes the expired records of every shard: `own` (index `own_idx`), held by the
+    /// caller, and the others that are not busy.
+    fn sweep(&self, own: &mut Shard, own_idx: usize, now: Instant) {
         let mut freed = own.purge_expired(now).1;
         for (i, shard) in self.shards.iter().enumerate() {
             if i != own_idx {
@@ -178,41 +201,31 @@ impl MemoryStore {
             }
         }
         self.unreserve(freed);
-        // Bounded so a pathological race (shards refilling as we evict) cannot spin.
-        for _ in 0..MAX_EVICTIONS_PER_CALL {
-            if self.try_reserve(needed) {
-                return true;
-            }
-            let mut best = own.first_evictable(now).map(|t| (t, own_idx));
-            for (i, shard) in self.shards.iter().enumerate() {
-                if i == own_idx {
-                    continue;
-                }
-                let Ok(mut other) = shard.try_lock() else {
-                    continue;
-                };
-                if let Some(t) = other.first_evictable(now) {
-                    if !matches!(best, Some((b, _)) if b <= t) {
-                        best = Some((t, i));
-                    }
-                }
-            }
-            let Some((_, i)) = best else {
-                return false;
-            };
-            let freed = if i == own_idx {
-                own.evict_first(now)
-            } else {
-                self.shards[i]
-                    .try_lock()
-                    .map_or(0, |mut s| s.evict_first(now))
-            };
-            if freed > 0 {
-                self.evictions.increment(1);
-            }
-            self.unreserve(freed);
+    }
+
+    /// Reserves `needed` bytes in the bound and in `share` (of at most `limit`), or neither.
+    fn reserve_in_share(
+        &self,
+        share: &ShareUse,
+        limit: usize,
+        own: &mut Shard,
+        own_idx: usize,
+        needed: usize,
+        now: Instant,
+    ) -> Result<(), Refused> {
+        if !self.reserve_sweeping(own, own_idx, needed, now) {
+            return Err(Refused::Bound);
         }
-        self.try_reserve(needed)
+        if share.try_reserve(needed, limit) {
+            return Ok(());
+        }
+        // The share may hold expired records that the bound did not need swept.
+        self.sweep(own, own_idx, now);
+        if share.try_reserve(needed, limit) {
+            return Ok(());
+        }
+        self.unreserve(needed);
+        Err(Refused::Share)
     }
 
     fn wall_in(&self, from: Instant, to: Instant) -> SystemTime {
@@ -274,19 +287,48 @@ impl Store for MemoryStore {
                 self.clock.now(),
             );
         } else {
-            let blob = Blob::key_only(key);
-            let needed = blob.as_ref().map_or(usize::MAX, |b| charge(b.len()));
-            let Some(blob) = blob.filter(|_| self.reserve_evicting(&mut shard, idx, needed, now))
-            else {
+            let Some(blob) = Blob::key_only(key) else {
                 return Err(StoreError::Full {
-                    needed,
+                    needed: usize::MAX,
                     capacity: self.capacity,
                 });
             };
+            let needed = charge(blob.len());
+            let name = self.shares.share_of(&key.tenant);
+            let limit = self.shares.bytes(&name, self.capacity);
+            let share = self.share_use.get(&name);
+            let admitted = if share.takes_new_keys(limit) {
+                self.reserve_in_share(&share, limit, &mut shard, idx, needed, now)
+            } else {
+                // Expired records may be what keeps the share full.
+                self.sweep(&mut shard, idx, now);
+                if share.takes_new_keys(limit) {
+                    self.reserve_in_share(&share, limit, &mut shard, idx, needed, now)
+                } else {
+                    Err(Refused::Share)
+                }
+            };
+            match admitted {
+                Ok(()) => {}
+                Err(Refused::Share) => {
+                    return Err(StoreError::ShareFull {
+                        share: name.into_owned(),
+                        needed,
+                        limit,
+                    })
+                }
+                Err(Refused::Bound) => {
+                    return Err(StoreError::Full {
+                        needed,
+                        capacity: self.capacity,
+                    })
+                }
+            }
             self.after_reserve();
             shard.insert(
                 hash,
                 blob,
+                share,
                 *fingerprint,
                 fencing,
                 lease_until,
@@ -308,6 +350,10 @@ impl Store for MemoryStore {
         let (hash, idx) = self.locate(key);
         let mut shard = lock(&self.shards[idx]);
         let old_size = shard.check_holder(hash, key, fencing, now)?.1;
+        let share = shard
+            .get(hash, key)
+            .map(|e| e.share().clone())
+            .unwrap_or_default();
         let (state, blob) = match &completion {
             Completion::Response(response) => (
                 State::Completed(response.status),
@@ -322,8 +368,17 @@ impl Store for MemoryStore {
         let fits = match (state, &blob) {
             (State::Completed(_), None) => false, // a part over 4 GiB: cannot be encoded
             _ => {
-                new_size <= old_size
-                    || self.reserve_evicting(&mut shard, idx, new_size - old_size, now)
+                new_size <= old_size || {
+                    let limit = self
+                        .shares
+                        .bytes(&self.shares.share_of(&key.tenant), self.capacity);
+                    let growth = new_size - old_size;
+                    let stored = self.reserve_in_share(&share, limit, &mut shard, idx, growth, now);
+                    if let Err(Refused::Share) = stored {
+                        share.turn_away(growth);
+                    }
+                    stored.is_ok()
+                }
             }
         };
         if !fits {
@@ -336,13 +391,16 @@ impl Store for MemoryStore {
             };
             tracing::warn!(
                 capacity = self.capacity,
-                "idempotency memory store full: storing a too-large tombstone instead"
+                tenant = %key.tenant,
+                "no room for the response in the idempotency memory store or the tenant's \
+                 share: storing a too-large tombstone instead"
             );
             shard.set(hash, key, State::TooLarge(status), None, now + retention);
             return Ok(());
         }
         shard.set(hash, key, state, blob, now + retention);
         if new_size < old_size {
+            share.release(old_size - new_size);
             self.unreserve(old_size - new_size);
         } else {
             self.after_reserve();
@@ -393,6 +451,14 @@ impl Store for MemoryStore {
         self.unreserve(freed.unwrap_or(0));
         Ok(live)
     }
+}
+
+/// Why a record could not be given room.
+enum Refused {
+    /// Its tenant's share is full.
+    Share,
+    /// The whole bound is.
+    Bound,
 }
 
 /// A poisoned shard only means another thread panicked mid-operation; every operation

@@ -79,10 +79,27 @@ impl RedisStore {
         Self::connect_client(&client, timeout).await
     }
 
+    /// Connects and refuses a server that may evict records before their TTL
+    /// ([`StoreError::Evicting`]). A server that does not allow `CONFIG GET` (managed
+    /// services often rename it) is accepted with a warning: its policy cannot be checked.
     async fn connect_client(client: &RedisClient, timeout: Duration) -> Result<Self, StoreError> {
-        let conn = tokio::time::timeout(timeout.saturating_mul(4), client.connect())
+        let mut conn = tokio::time::timeout(timeout.saturating_mul(4), client.connect())
             .await
             .map_err(|_| StoreError::Timeout(timeout.saturating_mul(4)))??;
+        let policy = tokio::time::timeout(timeout.saturating_mul(4), conn.eviction_policy()).await;
+        match policy {
+            Ok(Ok((maxmemory, policy))) if maxmemory > 0 && policy != "noeviction" => {
+                return Err(StoreError::Evicting { maxmemory, policy });
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e,
+                "could not read the Redis eviction policy (CONFIG GET); idempotency records \
+                 are safe only if maxmemory-policy is noeviction"),
+            Err(_) => tracing::warn!(
+                "timed out reading the Redis eviction policy (CONFIG GET); idempotency \
+                 records are safe only if maxmemory-policy is noeviction"
+            ),
+        }
         Ok(Self::new(conn).with_timeout(timeout))
     }
 

@@ -160,6 +160,8 @@ pub struct RawStorage {
     pub database: String,
     /// Bound on the memory idempotency store, in bytes.
     pub memory_max_bytes: u64,
+    /// Bytes of that bound a tenant (by id, or `anonymous`) may hold; others a fair share.
+    pub memory_shares: std::collections::BTreeMap<String, u64>,
     /// Timeout of one state-store round trip (Redis).
     pub state_timeout: HumanDuration,
     /// Connections of the PostgreSQL idempotency store; unset: eight per core, 16–64.
@@ -173,6 +175,7 @@ impl Default for RawStorage {
             idempotency: None,
             database: "sqlite://portcullis.db".into(),
             memory_max_bytes: 256 * 1024 * 1024,
+            memory_shares: std::collections::BTreeMap::new(),
             state_timeout: HumanDuration::millis(50),
             postgres_pool_size: None,
         }

@@ -18,12 +18,14 @@
 //!   per route and a completion moves a record's expiry, so the order is not insertion order.
 //!
 //! Byte accounting is returned to the caller (`MemoryStore` owns the global counter), so the
-//! shard never needs to know about other shards.
+//! shard never needs to know about other shards; a record that goes gives its bytes back to
+//! its tenant's share itself (see `share.rs`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::mem::size_of;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use hashbrown::HashTable;
@@ -31,6 +33,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 
 use super::blob::Blob;
+use super::share::ShareUse;
 use crate::fingerprint::Fingerprint;
 use crate::store::{RecordKey, StoreError};
 
@@ -60,6 +63,8 @@ pub(super) struct Entry {
     pub(super) fencing: u64,
     pub(super) expires_at: Instant,
     pub(super) created_at: SystemTime,
+    /// The share this record's bytes are charged to.
+    share: Arc<ShareUse>,
     seq: u64,
 }
 
@@ -117,8 +122,15 @@ impl Entry {
         &self.blob
     }
 
-    fn is_live_lock(&self, now: Instant) -> bool {
-        matches!(self.state, State::InFlight { lease_until } if lease_until > now)
+    pub(super) fn share(&self) -> &Arc<ShareUse> {
+        &self.share
+    }
+
+    /// The record leaves the store: its bytes go back to its share. Returns its size.
+    fn gone(&self) -> usize {
+        let size = self.size();
+        self.share.release(size);
+        size
     }
 }
 
@@ -162,7 +174,7 @@ impl Shard {
                         ..slot
                     }));
                 } else {
-                    bytes += found.remove().0.entry.size();
+                    bytes += found.remove().0.entry.gone();
                     count += 1;
                 }
             }
@@ -170,75 +182,14 @@ impl Shard {
         (count, bytes)
     }
 
-    /// Expiry of the record [`evict_first`](Self::evict_first) would remove.
-    pub(super) fn first_evictable(&mut self, now: Instant) -> Option<Instant> {
-        self.front(now).map(|slot| slot.at)
-    }
-
-    /// Evicts the finished record nearest its expiry (or an in-flight one whose lease ran
-    /// out: its holder is gone). Live in-flight records are never touched. Returns bytes
-    /// freed (0 when nothing is evictable).
-    pub(super) fn evict_first(&mut self, now: Instant) -> usize {
-        let Some(slot) = self.front(now) else {
-            return 0;
-        };
-        let Ok(found) = self
-            .table
-            .find_entry(slot.hash, |r| r.entry.seq == slot.seq)
-        else {
-            return 0;
-        };
-        let size = found.remove().0.entry.size();
-        // Its heap item is now stale and goes at the next look at the top.
-        self.compact_index();
-        size
-    }
-
-    /// The heap item of the evictable record with the earliest expiry, with the heap's top
-    /// made exact on the way: stale items dropped, lower bounds corrected, live locks set
-    /// aside and put back (they are bounded by request concurrency, and being the newest
-    /// records they are rarely near the top).
-    fn front(&mut self, now: Instant) -> Option<Slot> {
-        let mut live_locks = Vec::new();
-        let mut found = None;
-        // An item is popped at most twice (corrected once, then stale or set aside).
-        for _ in 0..=2 * self.by_expiry.len() {
-            let Some(&Reverse(slot)) = self.by_expiry.peek() else {
-                break;
-            };
-            match self
-                .table
-                .find(slot.hash, |r| r.entry.seq == slot.seq)
-                .map(|r| &r.entry)
-            {
-                None => {
-                    self.by_expiry.pop();
-                }
-                Some(e) if e.expires_at > slot.at => {
-                    let at = e.expires_at;
-                    self.by_expiry.pop();
-                    self.by_expiry.push(Reverse(Slot { at, ..slot }));
-                }
-                Some(e) if e.is_live_lock(now) => {
-                    self.by_expiry.pop();
-                    live_locks.push(Reverse(slot));
-                }
-                Some(_) => {
-                    found = Some(slot);
-                    break;
-                }
-            }
-        }
-        self.by_expiry.extend(live_locks);
-        found
-    }
-
-    /// Inserts a new in-flight record (the key must not be in the table).
+    /// Inserts a new in-flight record (the key must not be in the table), its bytes already
+    /// reserved in `share`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn insert(
         &mut self,
         hash: u64,
         blob: Blob,
+        share: Arc<ShareUse>,
         fingerprint: Fingerprint,
         fencing: u64,
         lease_until: Instant,
@@ -253,6 +204,7 @@ impl Shard {
             fencing,
             expires_at,
             created_at,
+            share,
             seq,
         });
         self.table
@@ -359,7 +311,7 @@ impl Shard {
             .table
             .find_entry(hash, |r| r.entry.blob.key_is(key))
             .ok()?;
-        let size = found.remove().0.entry.size();
+        let size = found.remove().0.entry.gone();
         self.compact_index();
         Some(size)
     }
