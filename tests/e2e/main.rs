@@ -62,6 +62,8 @@ mod tls_edge;
 mod edge_connections;
 // Answers given before the body is read (413, 429, 401) reach clients that send the whole body first.
 mod edge_early_answers;
+// Request buffering: a trickled body that stops half-way gets 408 and never reaches the upstream.
+mod edge_request_buffering;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;
 // The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.

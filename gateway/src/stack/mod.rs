@@ -16,6 +16,7 @@ use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
+use crate::pipeline::buffer::BufferLayer;
 use crate::pipeline::concurrency::Concurrency;
 use crate::pipeline::context::{RequestContext, Resolve};
 use crate::pipeline::held::HoldBoth;
@@ -117,6 +118,7 @@ where
             )
             .with_observer(crate::pipeline::ratelimit::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
+        .layer(BufferLayer::new(config.server.request_buffer_bytes)) // bodies up to request_buffer_bytes read whole before any upstream contact; stalled → 408, nothing sent
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::pipeline::idempotency::extractor(config),
