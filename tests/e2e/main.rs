@@ -28,6 +28,8 @@ mod edge_breaker;
 mod tenant_resolution;
 // Idempotency-Key through the binary: single execution, replay, outcome table, scoping.
 mod idempotency_replay;
+// A keyed POST whose attempt timed out: 504 at once, 409 while the exchange runs on, then the real answer replayed; one execution.
+mod idempotency_late_answers;
 // Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
 mod idempotency_shared;
 // PostgreSQL idempotency store through the binary: pool size bounds connections, database restart.
