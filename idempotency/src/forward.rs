@@ -16,9 +16,10 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::{stream, StreamExt};
 use http::{HeaderMap, Request, Response};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Limited, StreamBody};
 use tower::Service;
 
+use crate::late::{Late, Pending};
 use crate::outcome::{classify, Outcome};
 use crate::record::{Completion, StoredResponse};
 use crate::rejection::Rejection;
@@ -33,11 +34,21 @@ pub(crate) struct Held {
     pub(crate) settings: IdempotencySettings,
 }
 
-/// Calls `inner` with the locked request and completes or releases the record.
+/// What to record when a timed-out exchange left running brings no answer (`late`).
+enum Fallback {
+    /// The answer the client got.
+    Store(StoredResponse),
+    /// The inner service failed without a response: the ambiguous row.
+    Ambiguous,
+}
+
+/// Calls `inner` with the locked request and completes or releases the record. `late` is
+/// the request's [`LateAnswer`](crate::LateAnswer), when it carries one.
 pub(crate) async fn execute<S>(
     mut inner: S,
     req: Request<Body>,
     held: Held,
+    late: Option<Pending>,
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<Body>>,
@@ -48,15 +59,31 @@ where
             // The inner service failed without a response. Whether the upstream acted is
             // unknown (the gateway maps provable non-delivery to a `NotForwarded` response),
             // so this is the ambiguous row of the table.
-            held.ambiguous().await;
+            match late.and_then(Pending::after_return) {
+                Some(late) => finish_late(held, late, Fallback::Ambiguous),
+                None => held.ambiguous().await,
+            }
             return Err(e);
         }
     };
+    let dedupes = held.settings.upstream_dedupes_keys;
+    let store =
+        classify(resp.status(), resp.headers(), resp.extensions(), dedupes) == Outcome::Store;
+    match late.and_then(Pending::after_return) {
+        // The attempt timed out and its exchange runs on: the client gets this answer now,
+        // the record waits for the real one.
+        Some(late) if store => Ok(answer_now(held, late, resp).await),
+        _ => Ok(settle(&held, resp).await),
+    }
+}
+
+/// Settles the record per the outcome table with `resp` and returns it for the client.
+async fn settle(held: &Held, resp: Response<Body>) -> Response<Body> {
     let (parts, mut body) = resp.into_parts();
     let dedupes = held.settings.upstream_dedupes_keys;
     if classify(parts.status, &parts.headers, &parts.extensions, dedupes) == Outcome::Release {
         held.release().await;
-        return Ok(Response::from_parts(parts, body));
+        return Response::from_parts(parts, body);
     }
 
     let limit = held.settings.max_stored_response_bytes;
@@ -72,7 +99,7 @@ where
                 held.ambiguous().await;
                 let prefix = stream::iter(chunks.into_iter().map(Ok));
                 let failed = prefix.chain(stream::once(async move { Err(e) }));
-                return Ok(Response::from_parts(parts, Body::from_stream(failed)));
+                return Response::from_parts(parts, Body::from_stream(failed));
             }
         };
         match frame.into_data() {
@@ -83,7 +110,7 @@ where
                     held.complete(Completion::TooLarge(parts.status)).await;
                     let prefix = stream::iter(chunks.into_iter().map(Ok));
                     let rest = prefix.chain(body.into_data_stream());
-                    return Ok(Response::from_parts(parts, Body::from_stream(rest)));
+                    return Response::from_parts(parts, Body::from_stream(rest));
                 }
             }
             // Trailers are passed to this client but not stored: replays carry none.
@@ -92,7 +119,7 @@ where
     }
 
     let bytes = concat(chunks, total);
-    let stored = StoredResponse::new(parts.status, &parts.headers, bytes.clone());
+    let stored = held.stored(parts.status, &parts.headers, bytes.clone());
     held.complete(Completion::Response(stored)).await;
     let body = match trailers {
         None => Body::from(bytes),
@@ -102,7 +129,47 @@ where
             Body::new(StreamBody::new(frames))
         }
     };
-    Ok(Response::from_parts(parts, body))
+    Response::from_parts(parts, body)
+}
+
+/// The client's answer to a request whose timed-out exchange runs on (the layer below's
+/// 504): returned at once, while a task of its own settles the record with the real answer
+/// when it lands, or with this one if none lands before the lease ends.
+async fn answer_now(held: Held, late: Late, resp: Response<Body>) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
+    // The gateway's own answer: a small problem document, read whole to be kept.
+    let limit = held.settings.max_stored_response_bytes;
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let stored = held.stored(parts.status, &parts.headers, bytes.clone());
+    finish_late(held, late, Fallback::Store(stored));
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Settles the record with the late answer in a task of its own, bounded by the lease.
+fn finish_late(held: Held, late: Late, fallback: Fallback) {
+    tokio::spawn(async move {
+        let until = late.until();
+        let settled = match late.answer().await {
+            // The body too must arrive while the lease still holds the key.
+            Some(response) => tokio::time::timeout_at(until, settle(&held, response))
+                .await
+                .is_ok(),
+            None => false,
+        };
+        let result = if settled { "landed" } else { "none" };
+        metrics::counter!("idempotency_late_answers_total", "result" => result).increment(1);
+        tracing::debug!(tenant = %held.record.tenant, route = %held.record.route, result,
+            "a timed-out keyed request's exchange finished in the background");
+        if !settled {
+            match fallback {
+                Fallback::Store(stored) => held.complete(Completion::Response(stored)).await,
+                Fallback::Ambiguous => held.ambiguous().await,
+            }
+        }
+    });
 }
 
 /// Copies the chunks into one exactly-sized buffer. Even a single chunk is copied: it is a
@@ -143,6 +210,16 @@ impl Held {
             let stored = StoredResponse::new(status, &headers, body);
             self.complete(Completion::Response(stored)).await;
         }
+    }
+
+    /// `StoredResponse::new`, without `Set-Cookie` where the scope is shared
+    /// (`IdempotencySettings::replay_set_cookie`).
+    fn stored(&self, status: http::StatusCode, headers: &HeaderMap, body: Bytes) -> StoredResponse {
+        let mut stored = StoredResponse::new(status, headers, body);
+        if !self.settings.replay_set_cookie {
+            stored.headers.remove(http::header::SET_COOKIE);
+        }
+        stored
     }
 
     async fn release(&self) {

@@ -60,6 +60,10 @@
 //! a 500 problem and the lease is left to expire. No key is stuck longer than its lease. (Hence the service needs
 //! a Tokio runtime, as axum and hyper-util servers provide.)
 //!
+//! An attempt the layer below stopped waiting for (its timeout) can still deliver its answer:
+//! the request carries a [`LateAnswer`] the layer below may take; while it holds it the
+//! record stays in flight until the answer lands or the lease ends (see the `late` module).
+//!
 //! # Where it sits
 //!
 //! After tenant resolution and rate limiting (a rejected request must not take a key) and
@@ -89,6 +93,7 @@ mod extensions;
 pub mod fingerprint;
 mod forward;
 pub mod key;
+mod late;
 mod layer;
 pub mod outcome;
 pub mod record;
@@ -101,6 +106,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use extensions::{IdempotencyLock, IdempotencyOutcome, NotForwarded};
 pub use fingerprint::{Fingerprint, FingerprintInput};
 pub use key::{IdempotencyKey, KeyError};
+pub use late::{LateAnswer, LateSender};
 pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
 pub use record::{Completion, RecordInfo, RecordState, StoredResponse};

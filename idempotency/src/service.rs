@@ -20,6 +20,7 @@ use crate::extensions::{IdempotencyLock, IdempotencyOutcome as Marked};
 use crate::fingerprint::{Fingerprint, FingerprintInput};
 use crate::forward::{self, Held};
 use crate::key::{IdempotencyKey, KeyError};
+use crate::late::LateAnswer;
 use crate::rejection::Rejection;
 use crate::settings::ExtractSettings;
 use crate::settings::{IdempotencySettings, OnInFlight};
@@ -147,11 +148,11 @@ where
     });
     let record = RecordKey::new(&*settings.tenant, &*settings.route, key.clone());
 
-    let (fencing, took_over) = match acquire(store.as_ref(), &record, &fingerprint, &settings).await
-    {
-        Ok(acquired) => acquired,
-        Err(answer) => return Ok(answer),
-    };
+    let (fencing, took_over, asked) =
+        match acquire(store.as_ref(), &record, &fingerprint, &settings).await {
+            Ok(acquired) => acquired,
+            Err(answer) => return Ok(answer),
+        };
     if took_over && !settings.upstream_dedupes_keys {
         let held = Held {
             store,
@@ -166,6 +167,13 @@ where
     // client waits, in a task of its own once it stops waiting (see `detach`), so nothing can
     // cancel it between "sent upstream" and "outcome recorded".
     parts.extensions.insert(IdempotencyLock { key, fencing });
+    // An attempt that times out may be left running until the lease ends (see `late`); an
+    // upstream that dedupes on keys is simply asked again instead.
+    let late = (!settings.upstream_dedupes_keys).then(|| {
+        let (answer, pending) = LateAnswer::new(asked + settings.lease);
+        parts.extensions.insert(answer);
+        pending
+    });
     let req = Request::from_parts(parts, Body::from(bytes));
     let held = Held {
         store,
@@ -173,7 +181,7 @@ where
         fencing,
         settings,
     };
-    let task = forward::execute(inner, req, held).instrument(tracing::Span::current());
+    let task = forward::execute(inner, req, held, late).instrument(tracing::Span::current());
     match Detached::new(task).await {
         Ok(result) => result.map(|response| Marked::First.mark(response)),
         Err(Panicked) => {
@@ -185,7 +193,8 @@ where
     }
 }
 
-/// Takes the lock (returning its fencing token and whether an expired lease was taken over),
+/// Takes the lock (returning its fencing token, whether an expired lease was taken over, and
+/// when the successful attempt was made: the lease runs from no earlier than that),
 /// or produces the answer for a request that must not run: a replay, 409, 422 or 503. In
 /// `Wait` mode, polls while the first copy is in flight.
 async fn acquire(
@@ -193,13 +202,14 @@ async fn acquire(
     record: &RecordKey,
     fingerprint: &Fingerprint,
     settings: &IdempotencySettings,
-) -> Result<(u64, bool), Response<Body>> {
+) -> Result<(u64, bool, Instant), Response<Body>> {
     let deadline = match settings.on_in_flight {
         OnInFlight::Wait(max) => Some(Instant::now() + max),
         OnInFlight::Reject => None,
     };
     let mut backoff = WAIT_BACKOFF_START;
     loop {
+        let asked = Instant::now();
         let outcome = store
             .try_lock(record, fingerprint, settings.lease, settings.ttl)
             .await;
@@ -210,7 +220,7 @@ async fn acquire(
                     tracing::info!(tenant = %record.tenant, route = %record.route, fencing,
                         "took over an expired idempotency lease");
                 }
-                return Ok((fencing, took_over));
+                return Ok((fencing, took_over, asked));
             }
             Ok(LockOutcome::Completed(stored)) => {
                 metrics::counter!("idempotency_replays_total").increment(1);

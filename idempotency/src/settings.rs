@@ -67,6 +67,11 @@ pub struct IdempotencySettings {
     /// The upstream deduplicates on the forwarded `Idempotency-Key` itself, so ambiguous
     /// failures (500/502/504, lost responses) release the key instead of being stored.
     pub upstream_dedupes_keys: bool,
+    /// Keep `Set-Cookie` in stored responses (default). Turn it off for a scope several
+    /// users may share, such as anonymous callers keyed by client address: a replay must
+    /// never hand one user the session cookie set for another. The first caller still
+    /// receives the upstream's `Set-Cookie`.
+    pub replay_set_cookie: bool,
 }
 
 /// A setting outside its allowed range (for validating configuration at start-up).
@@ -99,6 +104,7 @@ impl IdempotencySettings {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_stored_response_bytes: DEFAULT_MAX_STORED_RESPONSE_BYTES,
             upstream_dedupes_keys: false,
+            replay_set_cookie: true,
         }
     }
 

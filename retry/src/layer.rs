@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc};
 
 use rand::{rngs::StdRng, SeedableRng};
 
-use super::{clock::WallClock, RetryTarget};
+use super::{clock::WallClock, handoff::FindHandoff, RetryTarget};
 
 /// Tells whether a request holds the gateway's idempotency lock, from its extensions.
 pub type IsProtected = fn(&http::Extensions) -> bool;
@@ -32,6 +32,8 @@ pub(super) struct Shared {
     pub(super) is_protected: IsProtected,
     pub(super) caller_key: CallerKey,
     pub(super) target: FindTarget,
+    /// Where a request's timed-out attempt may be left running (`handoff`).
+    pub(super) handoff: Option<FindHandoff>,
     pub(super) clock: Arc<dyn WallClock>,
     rng: RngSource,
 }
@@ -65,6 +67,7 @@ impl RetryLayer {
                 is_protected,
                 caller_key,
                 target: target_extension,
+                handoff: None,
                 clock,
                 rng: RngSource::Thread,
             }),
@@ -77,12 +80,24 @@ impl RetryLayer {
         self.rebuild(target, RngSource::Thread)
     }
 
+    /// Lets a request's caller keep a timed-out attempt running: `find` takes the request's
+    /// [`Handoff`](crate::Handoff) from its extensions (see the `handoff` module).
+    pub fn with_handoff(self, find: FindHandoff) -> Self {
+        let target = self.shared.target;
+        let mut layer = self.rebuild(target, RngSource::Thread);
+        if let Some(shared) = Arc::get_mut(&mut layer.shared) {
+            shared.handoff = Some(find);
+        }
+        layer
+    }
+
     fn rebuild(self, target: FindTarget, rng: RngSource) -> Self {
         Self {
             shared: Arc::new(Shared {
                 is_protected: self.shared.is_protected,
                 caller_key: self.shared.caller_key,
                 target,
+                handoff: self.shared.handoff,
                 clock: self.shared.clock.clone(),
                 rng,
             }),

@@ -155,6 +155,7 @@ mod clock;
 mod dependency;
 mod error;
 mod exhausted;
+mod handoff;
 mod headers;
 mod latency;
 mod layer;
@@ -178,6 +179,7 @@ pub use self::{
     clock::{SystemWallClock, WallClock},
     dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
+    handoff::{FindHandoff, Handoff},
     headers::{
         IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
     },

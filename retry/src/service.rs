@@ -105,8 +105,8 @@ async fn run<S>(
     arrived: Instant,
 ) -> Result<Response<Body>, RetryError<S::Error>>
 where
-    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send,
-    S::Future: Send,
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
     S::Error: UpstreamFailure,
 {
     if let Some(throttle) = call.dep.adaptive().filter(|_| !pace.is_zero()) {

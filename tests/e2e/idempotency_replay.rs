@@ -248,3 +248,52 @@ async fn keyed_post_is_retried_with_the_same_key_but_a_bare_500_is_not() {
     );
     assert_eq!(upstream.hit_count(), 4);
 }
+
+/// Anonymous callers share a record scope by client address (`ip:…`), and several users may
+/// sit behind one address: a replay there must not carry the `Set-Cookie` the upstream set
+/// for the first caller. A tenant's replay (one principal) keeps it.
+#[tokio::test]
+async fn an_anonymous_replay_carries_no_set_cookie() {
+    let made = Step::respond(
+        201,
+        &[
+            ("set-cookie", "session=alice-secret; HttpOnly"),
+            ("set-cookie", "theme=dark"),
+        ],
+        "made",
+    );
+    let upstream = ScriptedUpstream::start(vec![made.clone(), made]).await;
+    let gateway = GatewayProcess::start(BIN, &keyed_config(&upstream.url(), "", "", "")).await;
+    let send = |tenant: Option<&'static str>| {
+        let mut request = client()
+            .post(gateway.url() + "/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "cookie-1")
+            .body("{}");
+        if let Some(tenant) = tenant {
+            request = request.bearer_auth(tenant);
+        }
+        request.send()
+    };
+    let cookies =
+        |response: &reqwest::Response| response.headers().get_all("set-cookie").iter().count();
+
+    // Anonymous: the first caller gets its cookies, the second (same address) none.
+    let first = send(None).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(cookies(&first), 2, "the first caller's own answer");
+    let second = send(None).await.unwrap();
+    assert_eq!(second.status(), 201);
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(cookies(&second), 0, "{:?}", second.headers());
+    assert_eq!(second.text().await.unwrap(), "made");
+
+    // A tenant's replay keeps them: the same principal asked twice.
+    assert_eq!(send(Some("acme-key-0001")).await.unwrap().status(), 201);
+    let replay = send(Some("acme-key-0001")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(cookies(&replay), 2);
+
+    // What the upstream received: one execution per scope.
+    assert_eq!(upstream.hit_count(), 2);
+}

@@ -30,6 +30,8 @@ mod tenant_resolution;
 mod idempotency_replay;
 // Idempotency shares: one tenant filling the memory store leaves another's records replayable.
 mod idempotency_shares;
+// A keyed POST whose attempt timed out: 504 at once, 409 while the exchange runs on, then the real answer replayed; one execution.
+mod idempotency_late_answers;
 // Idempotency across processes: shared Redis/Postgres, crash and lease takeover, store down.
 mod idempotency_shared;
 // PostgreSQL idempotency store through the binary: pool size bounds connections, database restart.
@@ -64,6 +66,8 @@ mod tls_edge;
 mod edge_connections;
 // Answers given before the body is read (413, 429, 401) reach clients that send the whole body first.
 mod edge_early_answers;
+// Request buffering: a trickled body that stops half-way gets 408 and never reaches the upstream.
+mod edge_request_buffering;
 // HTTPS upstreams: certificate errors never retried (502 naming the reason), CA bundles, mTLS, HTTP/2, handshake timeouts.
 mod tls_upstream;
 // The request target: path normalisation before routing, Host rules (RFC 9112 §3.2), HTTP/2 :authority.

@@ -100,14 +100,20 @@ async fn a_clients_short_deadline_never_ejects_an_endpoint() {
 
 /// A client that sends its body slower than the attempt timeout keeps the attempt waiting
 /// for itself: the timeout is the client's doing, not the endpoint's. The body is larger
-/// than `body_replay_limit`, so it is streamed to the upstream while it arrives, and every
-/// attempt times out with the body half sent; neither endpoint is ejected.
+/// than `body_replay_limit` and `server.request_buffer_bytes`, so it is streamed to the
+/// upstream while it arrives, and every attempt times out with the body half sent; neither
+/// endpoint is ejected. (Within the buffer the upstream would see nothing at all:
+/// `edge_request_buffering`.)
 #[tokio::test]
 async fn a_client_trickling_its_body_never_ejects_an_endpoint() {
     let _trace = portcullis_testkit::trace_init();
     let a = ScriptedUpstream::start(vec![]).await;
     let b = ScriptedUpstream::start(vec![]).await;
-    let gw = start(&config(&a, &b, "300ms", ", body_replay_limit = 16")).await;
+    let config = format!(
+        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\nrequest_buffer_bytes = 16\n\n{}",
+        config(&a, &b, "300ms", ", body_replay_limit = 16")
+    );
+    let gw = start(&config).await;
     for i in 0..4 {
         let mut stream = tokio::net::TcpStream::connect(gw.addr)
             .await

@@ -116,6 +116,9 @@ pub struct ServerSettings {
     pub max_connections: usize,
     /// Request body read bound.
     pub body_read_timeout: Duration,
+    /// Bodies up to this size are read whole before the upstream is contacted
+    /// (`pipeline::buffer`); 0 = off.
+    pub request_buffer_bytes: u64,
     /// Log format.
     pub log_format: LogFormat,
     /// Runtime worker threads (0 = per core).

@@ -165,6 +165,12 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         Duration::from_secs(1),
         Duration::from_secs(3600),
     );
+    issues.range(
+        "server.request_buffer_bytes",
+        raw.request_buffer_bytes,
+        0,
+        1 << 30,
+    );
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -199,6 +205,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         send_timeout: raw.send_timeout.get(),
         max_connections: raw.max_connections,
         body_read_timeout: raw.body_read_timeout.get(),
+        request_buffer_bytes: raw.request_buffer_bytes,
         log_format,
         worker_threads: raw.worker_threads,
         h2c: raw.h2c,

@@ -4,6 +4,8 @@
 //!
 //! Records are scoped by tenant and route name (its prefix unless named). Anonymous callers are scoped by client IP
 //! (`ip:203.0.113.9`), so one anonymous client can neither read nor block another's keys.
+//! Several users may share an address, so responses stored in that scope keep no
+//! `Set-Cookie`: a replay must not hand one user the cookie set for another.
 //!
 //! The memory store's bound is split into shares ([`TenantShares`]): one per tenant and one
 //! for all anonymous callers together, so no caller's load can take another's room.
@@ -191,15 +193,18 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         // The layer itself checks the method; a template copy is a few `Arc` increments and a
         // tenant's scope is its id. Only an anonymous caller's scope is formatted, and only
         // for a method the route deduplicates.
-        let tenant = match &context.caller {
-            Caller::Tenant(tenant) => tenant.id.clone(),
+        let (tenant, replay_set_cookie) = match &context.caller {
+            Caller::Tenant(tenant) => (tenant.id.clone(), template.replay_set_cookie),
+            // Everyone behind one address shares this scope: a stored `Set-Cookie` would
+            // hand one user's session to the next (see the README, "Choices").
             Caller::Anonymous if template.methods.contains(&parts.method) => {
-                format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into()
+                (format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into(), false)
             }
             Caller::Anonymous => return None,
         };
         Some(LayerSettings {
             tenant,
+            replay_set_cookie,
             ..template.clone()
         })
     })

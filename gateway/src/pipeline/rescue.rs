@@ -16,6 +16,7 @@ use portcullis_idempotency::NotForwarded;
 
 mod into_problem;
 
+pub(crate) use self::into_problem::request_body_problem;
 pub use self::into_problem::IntoProblem;
 
 /// Turns `Err(E)` into the error's problem response.

@@ -16,6 +16,7 @@ use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
+use crate::pipeline::buffer::BufferLayer;
 use crate::pipeline::concurrency::Concurrency;
 use crate::pipeline::context::{RequestContext, Resolve};
 use crate::pipeline::held::HoldBoth;
@@ -31,9 +32,9 @@ use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
 use axum::body::Body;
 use http::{Request, Response};
 use portcullis_control::Directory;
-use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, Store};
+use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, LateAnswer, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
-use portcullis_retry::{Dependency, RetryLayer, SystemWallClock};
+use portcullis_retry::{Dependency, Handoff, RetryLayer, SystemWallClock};
 
 /// Everything the pipeline is built from.
 #[derive(Clone)]
@@ -117,6 +118,7 @@ where
             )
             .with_observer(crate::pipeline::ratelimit::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
+        .layer(BufferLayer::new(config.server.request_buffer_bytes)) // bodies up to request_buffer_bytes read whole before any upstream contact; stalled → 408, nothing sent
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::pipeline::idempotency::extractor(config),
@@ -128,10 +130,21 @@ where
                 RequestContext::breaker_key, // the breaker attributes failures to callers
                 Arc::new(SystemWallClock),
             )
-            .with_target(RequestContext::retry_target),
-        ) // the one retry layer: ladder, backoff, budget, breaker, deadline
+            .with_target(RequestContext::retry_target)
+            .with_handoff(late_answer),
+        ) // the one retry layer: ladder, backoff, budget, breaker, deadline; a keyed request's timed-out attempt left running for the idempotency layer
         .service(upstream); // pooled client, one attempt
     BoxCloneService::new(pipeline)
+}
+
+/// The idempotency layer's offer to receive a timed-out attempt's answer late, as the retry
+/// layer's [`Handoff`] (the two crates do not know each other).
+fn late_answer(extensions: &http::Extensions) -> Option<Handoff> {
+    let answer = extensions.get::<LateAnswer>()?;
+    let sender = answer.take()?;
+    Some(Handoff::new(answer.until(), move |response| {
+        sender.deliver(response)
+    }))
 }
 
 #[doc(hidden)]

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use futures_util::future::BoxFuture;
 use http::Response;
 use portcullis_problem::grpc::{self, GrpcCode, Pushback};
 use tokio::time::Instant;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 use super::{call::Call, grpc_call, hedge, last::Last, send};
 use crate::{
@@ -38,8 +39,8 @@ impl Call {
         waited: Duration,
     ) -> Attempted<S::Error>
     where
-        S: Service<http::Request<Body>, Response = Response<Body>> + Clone + Send,
-        S::Future: Send,
+        S: Service<http::Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
         S::Error: UpstreamFailure,
     {
         let dep = self.dep.clone();
@@ -76,7 +77,15 @@ impl Call {
         .then_some(started + limit);
 
         // The request is built into the future that sends it, not held beside it.
+        // A request whose caller keeps its outcome, on an attempt whose timeout ends it: a
+        // timed-out exchange is left running (`handoff`). Rare (keyed requests), so boxed.
+        let hand_off = self.handoff.is_some()
+            && classify::retry_rung(AttemptOutcome::Timeout, self.safety).is_none();
         let sent = match hedge_after {
+            None if hand_off => {
+                let req = self.request(info, grpc_timeout.as_ref());
+                Box::pin(self.handing_off(svc, *attempt == 1, req, started + limit)).await
+            }
             None => {
                 let first = *attempt == 1;
                 tokio::time::timeout_at(
@@ -138,6 +147,38 @@ impl Call {
             last,
             pushback,
             ended: now,
+        }
+    }
+
+    /// Sends `req` under the timeout `at`; if that passes first, the exchange is handed to
+    /// the request's [`Handoff`](crate::Handoff) instead of being dropped.
+    async fn handing_off<S>(
+        &mut self,
+        svc: &mut S,
+        first: bool,
+        req: http::Request<Body>,
+        at: Instant,
+    ) -> Result<Result<Response<Body>, S::Error>, tokio::time::error::Elapsed>
+    where
+        S: Service<http::Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: UpstreamFailure,
+    {
+        let mut exchange: BoxFuture<'static, Result<Response<Body>, S::Error>> = if first {
+            Box::pin(svc.call(req))
+        } else {
+            let mut svc = svc.clone();
+            Box::pin(async move { svc.ready().await?.call(req).await })
+        };
+        match tokio::time::timeout_at(at, &mut exchange).await {
+            Ok(answer) => Ok(answer),
+            Err(elapsed) => {
+                if let Some(handoff) = self.handoff.take() {
+                    tracing::debug!(dependency = %self.dep.name(), "attempt timed out; its exchange is left running for the caller");
+                    handoff.spawn(exchange);
+                }
+                Err(elapsed)
+            }
         }
     }
 

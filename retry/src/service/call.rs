@@ -16,6 +16,7 @@ use crate::{
     classify::{RequestSafety, DNS_MAX_ATTEMPTS},
     dependency::Dependency,
     error::RetryError,
+    handoff::Handoff,
     headers::{
         attempt_value, format_deadline, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_RETRY_ATTEMPT,
     },
@@ -46,6 +47,8 @@ pub(super) struct Call {
     /// One breaker permit per request, not per attempt: retries must not multiply one
     /// caller's weight in the breaker's window.
     pub(super) permit: BreakerPermit,
+    /// Where an attempt that times out may be left running (`handoff`); taken once used.
+    pub(super) handoff: Option<Handoff>,
 }
 
 /// Where the attempt loop stands after a retryable failure.
@@ -97,6 +100,7 @@ impl Call {
             None => Duration::ZERO,
         };
         let (parts, body) = req.into_parts();
+        let handoff = shared.handoff.and_then(|find| find(&parts.extensions));
         let safety = RequestSafety::new(
             &parts.method,
             idempotent_route,
@@ -117,6 +121,7 @@ impl Call {
             repeat: false,
             max_attempts: 1,
             permit,
+            handoff,
         };
         Ok((call, pace))
     }

@@ -24,6 +24,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 /// Default request body limit (1 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// Request bodies up to this size are buffered before the upstream is contacted (1 MiB,
+/// the default body limit: every accepted body is buffered unless the limit is raised).
+pub const DEFAULT_REQUEST_BUFFER_BYTES: u64 = 1024 * 1024;
 /// Default limit on the total size of request headers (16 KiB, nginx's large buffer size × 2).
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default global in-flight cap before load shedding.
@@ -108,6 +111,9 @@ pub struct RawServer {
     pub max_connections: usize,
     /// Bound on receiving a whole request body.
     pub body_read_timeout: HumanDuration,
+    /// Request bodies up to this size are read completely before the upstream is contacted
+    /// (0 = stream every body as it arrives).
+    pub request_buffer_bytes: u64,
     /// `"human"` or `"json"` logs.
     pub log_format: String,
     /// Tokio worker threads (0 = one per core).
@@ -138,6 +144,7 @@ impl Default for RawServer {
             send_timeout: DEFAULT_SEND_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             body_read_timeout: HumanDuration::secs(30),
+            request_buffer_bytes: DEFAULT_REQUEST_BUFFER_BYTES,
             log_format: "human".into(),
             worker_threads: 0,
             h2c: true,

@@ -68,24 +68,31 @@ impl IntoProblem for RetryError<ProxyError> {
             )
             .with("rate", (rate * 10.0).round() / 10.0)
             .retry_after(*retry_after),
-            RetryError::RequestBody(err) => match crate::edge::limits::body_too_large(err) {
-                Some(too_large) => Problem::body_too_large(too_large.limit),
-                None if crate::edge::body_timeout::is_body_timeout(err) => Problem::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body-timeout",
-                    "Request body timed out",
-                    "the request body did not arrive within the gateway's time limit",
-                ),
-                None => Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "bad-request-body",
-                    "Request body could not be read",
-                    "the request body could not be read",
-                ),
-            },
+            RetryError::RequestBody(err) => request_body_problem(err),
             // A kind added to the retry crate later: logged, answered without internals.
             _ => Problem::internal(),
         }
+    }
+}
+
+/// The problem for a client's request body that failed while the gateway read it whole
+/// (the retry layer for replay, `pipeline::buffer` before the upstream is contacted):
+/// 413 over `server.max_body_bytes`, 408 past `server.body_read_timeout`, else 400.
+pub(crate) fn request_body_problem(err: &(dyn std::error::Error + 'static)) -> Problem {
+    match crate::edge::limits::body_too_large(err) {
+        Some(too_large) => Problem::body_too_large(too_large.limit),
+        None if crate::edge::body_timeout::is_body_timeout(err) => Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Request body timed out",
+            "the request body did not arrive within the gateway's time limit",
+        ),
+        None => Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request-body",
+            "Request body could not be read",
+            "the request body could not be read",
+        ),
     }
 }
 
