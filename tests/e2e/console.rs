@@ -446,11 +446,12 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
 
 #[tokio::test]
 async fn top_throttled_sums_the_replicas_sharing_redis() {
-    // A private Redis: other tests' replicas publish to the shared one.
+    // A private Redis: other tests' replicas publish to the shared one. A generous round-trip
+    // timeout: on a loaded machine a missed 50 ms would fail open to a local share.
     let redis = RedisServer::start().await;
     let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
     let config = format!(
-        "[storage]\nstate = \"{}\"\n\n[[tenants]]\nid = \"fleet\"\napi_keys = [\"fleet-key-0001\"]\nrate = 1\nper = \"60s\"\nburst = 2\n\n{}",
+        "[storage]\nstate = \"{}\"\nstate_timeout = \"1s\"\n\n[[tenants]]\nid = \"fleet\"\napi_keys = [\"fleet-key-0001\"]\nrate = 1\nper = \"60s\"\nburst = 2\n\n{}",
         redis.url(),
         single_route_config(&upstream.url(), "")
     );
