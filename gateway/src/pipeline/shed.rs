@@ -230,4 +230,38 @@ mod tests {
         let again = shed.step(&mut request(Priority::Normal));
         assert!(again.is_ok(), "dropped permits come back");
     }
+
+    #[tokio::test]
+    async fn a_caller_over_its_share_gets_429_and_others_still_get_in() {
+        use crate::pipeline::context::tests::context_on;
+        let config = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
+                      [[routes]]\nprefix = \"/\"\nupstream = \"u\"\n";
+        let shed = LoadShed::new(4, 0.0, false).with_caller_share(4, 0.5);
+        let from = |last: u8| {
+            let mut request = Request::new(Body::empty());
+            let ip = std::net::IpAddr::from([192, 0, 2, last]);
+            request
+                .extensions_mut()
+                .insert(context_on(config, "/", Caller::Anonymous, ip));
+            request
+        };
+        let held: Vec<_> = (0..2).map(|_| shed.step(&mut from(1)).unwrap()).collect();
+        let refused = shed.step(&mut from(1)).unwrap_err();
+        assert_eq!(refused.status(), 429);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        let body = http_body_util::BodyExt::collect(refused.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (problem["scope"].as_str(), problem["limit"].as_u64()),
+            (Some("caller"), Some(2))
+        );
+        // Another address gets in; the server's own cap still answers 503.
+        let others: Vec<_> = (2..4).map(|n| shed.step(&mut from(n)).unwrap()).collect();
+        assert_eq!(shed.step(&mut from(4)).unwrap_err().status(), 503);
+        drop((held, others));
+        assert!(shed.step(&mut from(1)).is_ok(), "slots come back");
+    }
 }
