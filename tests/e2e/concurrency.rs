@@ -264,7 +264,8 @@ async fn critical_routes_are_served_from_the_reserve_when_normal_ones_are_shed()
     let gate = Gate::new();
     let upstream =
         ScriptedUpstream::start_with_fallback(vec![], Step::gated(&gate, Step::ok("done"))).await;
-    let server = "max_in_flight = 2\ncritical_reserve = 0.5";
+    // One anonymous caller fills the server-wide cap here: no per-caller share.
+    let server = "max_in_flight = 2\ncritical_reserve = 0.5\ncaller_share = 1.0";
     let routes = "[[routes]]\nprefix = \"/critical\"\nupstream = \"u\"\npriority = \"critical\"\n";
     let gateway = GatewayProcess::start(BIN, &config(&upstream, server, "", routes)).await;
     let addr = gateway.addr;

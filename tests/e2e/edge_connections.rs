@@ -336,7 +336,8 @@ async fn a_client_that_stops_reading_is_disconnected_and_frees_its_slot() {
         BIN,
         &config(
             &upstream.url(),
-            "send_timeout = \"1s\"\nmax_in_flight = 1",
+            // One anonymous caller (loopback): no per-caller share.
+            "send_timeout = \"1s\"\nmax_in_flight = 1\ncaller_share = 1.0",
             None,
         ),
     )
@@ -363,4 +364,78 @@ async fn a_client_that_stops_reading_is_disconnected_and_frees_its_slot() {
     // The stuck connection was closed before the whole body went out.
     let received = read_until_closed(&mut stuck).await.unwrap_or_default();
     assert!(received.len() < big.len(), "{} bytes", received.len());
+}
+
+/// How long `stream` stays open, from now, before the gateway closes it.
+async fn open_for<S: AsyncRead + Unpin>(stream: &mut S) -> Duration {
+    let started = tokio::time::Instant::now();
+    assert!(read_until_closed(stream).await.is_some(), "never closed");
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn silent_h2_connections_close_at_their_deadline_not_seconds_later() {
+    // The margins only tell "at the deadline (plus at most 1 s to say goodbye)" from "5 s
+    // later", which is what waiting for a GOAWAY a silent client never answers cost.
+    const SERVER: &str = "header_read_timeout = \"2s\"\nkeep_alive_timeout = \"2s\"";
+    const LATEST: Duration = Duration::from_millis(4_500);
+    let ca = TestCa::new("silent-h2-ca");
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("fine")).await;
+    let tls = tls_gateway(&ca, &upstream, SERVER).await;
+    let plain = GatewayProcess::start(BIN, &config(&upstream.url(), SERVER, None)).await;
+
+    // TLS with ALPN h2, then no preface at all.
+    let tls_silent = async {
+        let mut stream = tls_connect(tls.addr, &ca, &[b"h2"]).await;
+        open_for(&mut stream).await
+    };
+    // h2c prior knowledge: the preface, then nothing.
+    let h2c_silent = async {
+        let mut stream = TcpStream::connect(plain.addr).await.unwrap();
+        stream.write_all(h2frames::PREFACE).await.unwrap();
+        open_for(&mut stream).await
+    };
+    // h2c with one request answered, then idle: closed at the keep-alive bound.
+    let h2c_idle = async {
+        let stream = TcpStream::connect(plain.addr).await.unwrap();
+        let mut reader = FrameReader::new(stream);
+        let mut hello = h2frames::PREFACE.to_vec();
+        hello.extend(h2frames::settings(&[]));
+        hello.extend(h2frames::headers(
+            1,
+            &[
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":path", "/one"),
+                (":authority", "localhost"),
+            ],
+            true,
+        ));
+        reader.get_mut().write_all(&hello).await.unwrap();
+        // Bounded: until the answer has ended, or PATIENCE.
+        loop {
+            let frame = reader.next(PATIENCE).await.expect("the answer");
+            if frame.stream == 1 && frame.flags & h2frames::END_STREAM != 0 {
+                break;
+            }
+        }
+        open_for(reader.get_mut()).await
+    };
+    let (tls_silent, h2c_silent, h2c_idle) = tokio::join!(tls_silent, h2c_silent, h2c_idle);
+    for (what, open) in [
+        ("TLS h2 without a preface", tls_silent),
+        ("h2c preface only", h2c_silent),
+        ("idle h2c", h2c_idle),
+    ] {
+        assert!(
+            open >= Duration::from_millis(1_500) && open <= LATEST,
+            "{what}: closed after {open:?}"
+        );
+    }
+    let paths: Vec<String> = upstream
+        .hits()
+        .iter()
+        .map(|h| h.uri.path().to_owned())
+        .collect();
+    assert_eq!(paths, ["/one"]);
 }

@@ -64,6 +64,8 @@ mod quota_periods;
 mod tls_edge;
 // Connections from hostile or careless clients: ALPN vs bytes, h2c off, silent connections, keep-alive, head deadlines, connection cap.
 mod edge_connections;
+// Fair in-flight: one tenant's stalled HTTP/2 streams or unread HTTP/1.1 responses leave other tenants served; stalled streams reset at send_timeout; memory per stalled stream bounded.
+mod edge_fairness;
 // Answers given before the body is read (413, 429, 401) reach clients that send the whole body first.
 mod edge_early_answers;
 // Request buffering: a trickled body that stops half-way gets 408 and never reaches the upstream.

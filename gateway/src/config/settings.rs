@@ -102,6 +102,10 @@ pub struct ServerSettings {
     /// Share of the cap only critical routes may use; not held back when no route is
     /// critical (`pipeline::shed`).
     pub critical_reserve: f64,
+    /// Most of the cap one caller may hold (`pipeline::fair_share`); 1.0: no limit.
+    pub caller_share: f64,
+    /// Bytes of one response buffered toward a slow client.
+    pub response_buffer_bytes: usize,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Graceful shutdown bound.

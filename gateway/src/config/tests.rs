@@ -139,6 +139,10 @@ fn cross_references_and_formats_are_checked() {
         ("[server]\ncritical_reserve = 0.95", "server.critical_reserve"),
         ("[server]\ncritical_reserve = -0.1", "server.critical_reserve"),
         ("[server]\ncritical_reserve = nan", "server.critical_reserve"),
+        ("[server]\ncaller_share = 0.0", "server.caller_share"),
+        ("[server]\ncaller_share = 1.5", "server.caller_share"),
+        ("[server]\ncaller_share = nan", "server.caller_share"),
+        ("[server]\nresponse_buffer_bytes = 1024", "server.response_buffer_bytes"),
         (
             "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nmax_in_flight = 0",
             "routes[0].max_in_flight",

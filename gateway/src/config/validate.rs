@@ -133,6 +133,22 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
             ),
         );
     }
+    // Written out rather than `range`, which a NaN would pass.
+    if !(0.0..=1.0).contains(&raw.caller_share) || raw.caller_share == 0.0 {
+        issues.push(
+            "server.caller_share",
+            format!(
+                "= {}: allowed above 0.0, up to 1.0 (1.0: no limit per caller)",
+                raw.caller_share
+            ),
+        );
+    }
+    issues.range(
+        "server.response_buffer_bytes",
+        raw.response_buffer_bytes,
+        8 * 1024,
+        16 << 20,
+    );
     issues.range("server.max_connections", raw.max_connections, 1, 1_000_000);
     issues.range("server.worker_threads", raw.worker_threads, 0, 1024);
     issues.duration_range(
@@ -198,6 +214,8 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         max_header_bytes: raw.max_header_bytes,
         max_in_flight: raw.max_in_flight,
         critical_reserve: raw.critical_reserve,
+        caller_share: raw.caller_share,
+        response_buffer_bytes: raw.response_buffer_bytes,
         trusted_proxies,
         shutdown_grace: raw.shutdown_grace.get(),
         header_read_timeout: raw.header_read_timeout.get(),

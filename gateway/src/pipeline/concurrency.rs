@@ -55,9 +55,11 @@ pub(crate) struct Concurrency {
 
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scope {
+pub(crate) enum Scope {
     Tenant,
     Route,
+    /// The caller's fair share of `server.max_in_flight` (`pipeline::fair_share`).
+    Caller,
 }
 
 impl Concurrency {
@@ -116,7 +118,7 @@ impl Step for Concurrency {
 }
 
 /// The 429 for a request over `limit` (see the module docs).
-fn refuse(scope: Scope, limit: u64) -> Response<Body> {
+pub(crate) fn refuse(scope: Scope, limit: u64) -> Response<Body> {
     let (scope, detail) = match scope {
         Scope::Tenant => (
             "tenant",
@@ -125,6 +127,10 @@ fn refuse(scope: Scope, limit: u64) -> Response<Body> {
         Scope::Route => (
             "route",
             format!("You already have {limit} requests in flight on this route, its limit per caller (max_in_flight)."),
+        ),
+        Scope::Caller => (
+            "caller",
+            format!("You already have {limit} requests in flight, your share of this gateway's capacity."),
         ),
     };
     metrics::counter!("concurrency_limited_total", "scope" => scope).increment(1);

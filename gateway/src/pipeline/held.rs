@@ -16,6 +16,10 @@ use crate::pipeline::step::{Finish, Step};
 /// What a [`HeldBody`] keeps. Its own `Drop` releases it: when the body is dropped, after
 /// the last frame or when the client goes away mid-body.
 pub(crate) trait Held: Send + Unpin + 'static {
+    /// The body is asked for its next frame (an HTTP/2 stream's send timeout watches this:
+    /// `edge::listener::stream`).
+    fn polled(&mut self) {}
+
     /// A data frame of `len` bytes is passed on (the access log counts them).
     fn sent(&mut self, _len: usize) {}
 
@@ -34,6 +38,12 @@ pub(crate) trait Held: Send + Unpin + 'static {
 
 /// Nothing held, or one thing (the upstream pool's connection, only for pooled upstreams).
 impl<T: Held> Held for Option<T> {
+    fn polled(&mut self) {
+        if let Some(held) = self {
+            held.polled();
+        }
+    }
+
     fn sent(&mut self, len: usize) {
         if let Some(held) = self {
             held.sent(len);
@@ -76,7 +86,7 @@ impl<T: Send + Unpin + 'static> Held for UntilEnd<T> {
 pub(crate) struct HoldBoth<A, B>(pub(crate) A, pub(crate) B);
 
 /// What [`HoldBoth`] keeps: both steps' finishes.
-pub(crate) struct Both<A, B>(A, B);
+pub(crate) struct Both<A, B>(pub(crate) A, pub(crate) B);
 
 impl<A, B> Step for HoldBoth<A, B>
 where
@@ -98,6 +108,11 @@ where
 }
 
 impl<A: Held, B: Held> Held for Both<A, B> {
+    fn polled(&mut self) {
+        self.0.polled();
+        self.1.polled();
+    }
+
     fn sent(&mut self, len: usize) {
         self.0.sent(len);
         self.1.sent(len);
@@ -181,6 +196,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
+        this.held.polled();
         let polled = std::task::ready!(this.inner.as_mut().poll_frame(cx));
         match &polled {
             Some(Ok(frame)) => {

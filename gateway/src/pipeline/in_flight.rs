@@ -9,7 +9,7 @@
 //! short critical section on one shard (table), and a full limit is a refusal at once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One admitted request on an in-flight counter; decrements it when dropped.
@@ -48,6 +48,8 @@ const SHARDS: usize = 64;
 #[derive(Debug)]
 pub(crate) struct KeyedCounts {
     limit: u32,
+    /// Keys with a request in flight (entries in the table); read by the fair share.
+    keys: AtomicUsize,
     shards: Box<[Mutex<HashMap<u64, u32>>]>,
 }
 
@@ -58,6 +60,7 @@ impl KeyedCounts {
     pub(crate) fn new(limit: u32) -> Self {
         Self {
             limit,
+            keys: AtomicUsize::new(0),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
@@ -69,12 +72,26 @@ impl KeyedCounts {
 
     /// Admits one more request of `key` if it has fewer than `limit` in flight.
     pub(crate) fn try_acquire(self: &Arc<Self>, key: u64) -> Option<KeyedPermit> {
+        self.try_acquire_if(key, |_, _| true)
+    }
+
+    /// Admits one more request of `key` if it has fewer than `limit` in flight and
+    /// `admit(its count, keys in flight)` agrees (decided under the key's shard lock, so
+    /// the count cannot move meanwhile; the number of keys is a relaxed reading).
+    pub(crate) fn try_acquire_if(
+        self: &Arc<Self>,
+        key: u64,
+        admit: impl FnOnce(u32, usize) -> bool,
+    ) -> Option<KeyedPermit> {
         let mut shard = self.shard(key);
-        let count = shard.entry(key).or_insert(0);
-        if *count >= self.limit {
+        let count = shard.get(&key).copied().unwrap_or(0);
+        if count >= self.limit || !admit(count, self.keys.load(Ordering::Relaxed)) {
             return None;
         }
-        *count += 1;
+        if count == 0 {
+            self.keys.fetch_add(1, Ordering::Relaxed);
+        }
+        shard.insert(key, count + 1);
         drop(shard);
         Some(KeyedPermit {
             table: self.clone(),
@@ -120,6 +137,7 @@ impl Drop for KeyedPermit {
             *count = count.saturating_sub(1);
             if *count == 0 {
                 shard.remove(&self.key);
+                self.table.keys.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -157,8 +175,10 @@ mod tests {
             (1, 2),
             "same shard, other key"
         );
+        assert_eq!(table.keys.load(Ordering::Relaxed), 2);
         drop(a);
         assert_eq!(table.len(), 1, "an entry goes at zero");
+        assert_eq!(table.keys.load(Ordering::Relaxed), 1);
         assert!(table.try_acquire(7).is_some());
         drop(b);
         assert_eq!(table.len(), 0);
@@ -186,5 +206,6 @@ mod tests {
             thread.join().unwrap();
         }
         assert_eq!((count.load(Ordering::Relaxed), table.len()), (0, 0));
+        assert_eq!(table.keys.load(Ordering::Relaxed), 0);
     }
 }

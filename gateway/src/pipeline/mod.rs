@@ -12,6 +12,7 @@ pub(crate) mod buffer;
 pub(crate) mod concurrency;
 pub mod context;
 pub mod credentials;
+pub(crate) mod fair_share;
 pub(crate) mod held;
 pub mod idempotency;
 pub(crate) mod in_flight;

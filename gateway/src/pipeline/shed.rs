@@ -14,6 +14,12 @@
 //!
 //! Admission is one compare-and-swap on a shared counter ([`CountPermit`]): cheaper than a
 //! semaphore's permit bookkeeping, and the two thresholds are just two limits on it.
+//!
+//! # Fair shares
+//!
+//! Before the cap, each caller's own count is checked ([`crate::pipeline::fair_share`]):
+//! one caller holds at most `server.caller_share` of `max_in_flight`, and past half of it
+//! no more than its fair share; over that it gets 429 `concurrency-limited`, not 503.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -23,10 +29,13 @@ use axum::body::Body;
 use http::{Request, Response};
 
 use crate::config::Priority;
+use crate::pipeline::concurrency::{self, Scope};
 use crate::pipeline::context::RequestContext;
+use crate::pipeline::fair_share::FairShare;
 use crate::pipeline::held::{hold_until_body_ends, Held};
-use crate::pipeline::in_flight::CountPermit;
+use crate::pipeline::in_flight::{CountPermit, KeyedPermit};
 use crate::pipeline::step::{Finish, Step};
+use crate::pipeline::tenant::{self, Caller};
 use portcullis_problem::Problem;
 
 /// What a shed client is told to wait: long enough to spread a herd, short enough to be useful.
@@ -38,6 +47,8 @@ pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 pub(crate) struct LoadShed {
     in_flight: Arc<AtomicU64>,
     caps: Caps,
+    /// Per-caller shares of the cap; `None` when `caller_share` is 1.0.
+    fair: Option<Arc<FairShare>>,
 }
 
 /// The two admission thresholds on the one in-flight counter.
@@ -78,7 +89,15 @@ impl LoadShed {
         Self {
             in_flight: Arc::default(),
             caps: Caps::new(max_in_flight, critical_reserve, any_critical),
+            fair: None,
         }
+    }
+
+    /// The same, with no caller holding more than its share (`pipeline::fair_share`;
+    /// `caller_share` 1.0: no limit per caller).
+    pub(crate) fn with_caller_share(mut self, max_in_flight: usize, caller_share: f64) -> Self {
+        self.fair = FairShare::new(max_in_flight, caller_share).map(Arc::new);
+        self
     }
 }
 
@@ -86,8 +105,26 @@ impl Step for LoadShed {
     type Finish = InFlight;
 
     fn step(&self, request: &mut Request<Body>) -> Result<InFlight, Response<Body>> {
-        let critical = RequestContext::of(request.extensions())
-            .is_some_and(|context| context.route.settings.priority == Priority::Critical);
+        let context = RequestContext::of(request.extensions());
+        let critical =
+            context.is_some_and(|context| context.route.settings.priority == Priority::Critical);
+        // The caller's share first: a caller over it is told so (429) even when the server
+        // is full too; its slot goes back (dropped) if the server then refuses.
+        let caller = match (&self.fair, context) {
+            (Some(fair), Some(context)) => {
+                let key = tenant::caller_key(&context.caller, context.client.ip);
+                match fair.try_acquire(key, &self.in_flight) {
+                    Ok(permit) => Some(permit),
+                    Err(limit) => {
+                        if let Caller::Tenant(tenant) = &context.caller {
+                            tenant.record_rate_limited();
+                        }
+                        return Err(concurrency::refuse(Scope::Caller, limit));
+                    }
+                }
+            }
+            _ => None,
+        };
         let cap = if critical {
             self.caps.critical
         } else {
@@ -97,7 +134,10 @@ impl Step for LoadShed {
             metrics::counter!("load_shed_total").increment(1);
             return Err(Problem::overloaded(SHED_RETRY_AFTER).into_response());
         };
-        Ok(InFlight { _permit: permit })
+        Ok(InFlight {
+            _permit: permit,
+            _caller: caller,
+        })
     }
 }
 
@@ -105,6 +145,7 @@ impl Step for LoadShed {
 #[derive(Debug)]
 pub(crate) struct InFlight {
     _permit: CountPermit,
+    _caller: Option<KeyedPermit>,
 }
 
 /// Given back when dropped (the permit's own `Drop`).
@@ -188,5 +229,39 @@ mod tests {
         drop((normal, critical));
         let again = shed.step(&mut request(Priority::Normal));
         assert!(again.is_ok(), "dropped permits come back");
+    }
+
+    #[tokio::test]
+    async fn a_caller_over_its_share_gets_429_and_others_still_get_in() {
+        use crate::pipeline::context::tests::context_on;
+        let config = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
+                      [[routes]]\nprefix = \"/\"\nupstream = \"u\"\n";
+        let shed = LoadShed::new(4, 0.0, false).with_caller_share(4, 0.5);
+        let from = |last: u8| {
+            let mut request = Request::new(Body::empty());
+            let ip = std::net::IpAddr::from([192, 0, 2, last]);
+            request
+                .extensions_mut()
+                .insert(context_on(config, "/", Caller::Anonymous, ip));
+            request
+        };
+        let held: Vec<_> = (0..2).map(|_| shed.step(&mut from(1)).unwrap()).collect();
+        let refused = shed.step(&mut from(1)).unwrap_err();
+        assert_eq!(refused.status(), 429);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        let body = http_body_util::BodyExt::collect(refused.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (problem["scope"].as_str(), problem["limit"].as_u64()),
+            (Some("caller"), Some(2))
+        );
+        // Another address gets in; the server's own cap still answers 503.
+        let others: Vec<_> = (2..4).map(|n| shed.step(&mut from(n)).unwrap()).collect();
+        assert_eq!(shed.step(&mut from(4)).unwrap_err().status(), 503);
+        drop((held, others));
+        assert!(shed.step(&mut from(1)).is_ok(), "slots come back");
     }
 }

@@ -108,7 +108,8 @@ where
                     .routes
                     .iter()
                     .any(|r| r.priority == Priority::Critical),
-            ), // over the cap → 503 at once; normal routes already at the cap less the critical reserve
+            )
+            .with_caller_share(config.server.max_in_flight, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
             Concurrency::new(&config.routes), // tenant / per-caller route max_in_flight → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
         .layer(

@@ -140,7 +140,8 @@ pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Depende
                 None => dependency,
             });
             let hosts_file = config.discovery.hosts_file.as_deref();
-            let upstream = Upstream::new(u, hosts_file, dependency.clone());
+            let buffer = config.server.response_buffer_bytes;
+            let upstream = Upstream::new(u, hosts_file, dependency.clone(), buffer);
             (Arc::new(upstream), dependency)
         })
         .unzip()
@@ -207,6 +208,7 @@ fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, St
         header_read_timeout: config.server.header_read_timeout,
         keep_alive_timeout: config.server.keep_alive_timeout,
         send_timeout: config.server.send_timeout,
+        response_buffer_bytes: config.server.response_buffer_bytes,
         max_connections,
         max_header_bytes: config.server.max_header_bytes,
         shutdown_grace: config.server.shutdown_grace,

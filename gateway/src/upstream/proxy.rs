@@ -108,10 +108,15 @@ enum SendFailure {
 
 impl Upstream {
     /// Builds the pool for validated settings.
+    ///
+    /// `response_buffer` (`server.response_buffer_bytes`) bounds what one response reads
+    /// ahead of a slow client: HTTP/1 reads at most that much at once, an HTTP/2 stream's
+    /// receive window is that size; the rest waits in the upstream's flow control.
     pub fn new(
         settings: &UpstreamSettings,
         hosts_file: Option<&std::path::Path>,
         dependency: Arc<Dependency>,
+        response_buffer: usize,
     ) -> Self {
         let mut connector = resolver::http_connector();
         connector.set_connect_timeout(Some(settings.connect_timeout));
@@ -122,10 +127,13 @@ impl Upstream {
             .pool_max_idle_per_host(settings.pool_max_idle)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             // Prior knowledge on http://; on https:// ALPN offers only h2 (see crate::tls).
-            .http2_only(settings.http2);
+            .http2_only(settings.http2)
+            .http1_max_buf_size(response_buffer.max(8 * 1024))
+            .http2_initial_stream_window_size(u32::try_from(response_buffer).unwrap_or(u32::MAX));
         let client = match &settings.tls {
             None if !settings.http2 => Pool::Http1(PerWorker::new(|| {
                 Pools::new(connector.clone(), settings.pool_max_idle, POOL_IDLE_TIMEOUT)
+                    .with_read_buffer(response_buffer)
             })),
             None => Pool::Plain(PerWorker::new(|| builder.build(connector.clone()))),
             Some(tls) => {

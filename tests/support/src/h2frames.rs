@@ -202,4 +202,9 @@ impl<S: AsyncRead + Unpin> FrameReader<S> {
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.stream
     }
+
+    /// The underlying stream, to keep it open after reading.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
 }

@@ -33,6 +33,11 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default share of `server.max_in_flight` kept for `priority = "critical"` routes.
 pub const DEFAULT_CRITICAL_RESERVE: f64 = 0.1;
+/// Default `server.caller_share`: one caller may hold at most half of `max_in_flight`.
+pub const DEFAULT_CALLER_SHARE: f64 = 0.5;
+/// Default `server.response_buffer_bytes`: what one response may have buffered toward a
+/// slow client (64 KiB: about one HTTP/2 stream window, 65 535 bytes by default).
+pub const DEFAULT_RESPONSE_BUFFER_BYTES: usize = 64 * 1024;
 /// Default time in-flight requests get to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: HumanDuration = HumanDuration::secs(30);
 /// Default time a client has to send its request head (slowloris defence).
@@ -97,6 +102,12 @@ pub struct RawServer {
     /// Share of `max_in_flight` (0.0..=0.9) only `priority = "critical"` routes may use:
     /// other requests are shed once `max_in_flight × (1 − critical_reserve)` are in flight.
     pub critical_reserve: f64,
+    /// Most of `max_in_flight` (0.0..=1.0) one caller (tenant, else client address, IPv6
+    /// by /64) may hold; past half of `max_in_flight` no more than its fair share. 1.0: off.
+    pub caller_share: f64,
+    /// Bytes of one response held toward a client that reads slowly (HTTP/2 send buffer
+    /// per stream, upstream read buffer); the rest waits in the upstream's flow control.
+    pub response_buffer_bytes: usize,
     /// CIDRs whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<String>,
     /// Bound on graceful shutdown.
@@ -137,6 +148,8 @@ impl Default for RawServer {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             critical_reserve: DEFAULT_CRITICAL_RESERVE,
+            caller_share: DEFAULT_CALLER_SHARE,
+            response_buffer_bytes: DEFAULT_RESPONSE_BUFFER_BYTES,
             trusted_proxies: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,

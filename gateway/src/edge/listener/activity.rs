@@ -13,10 +13,11 @@
 //!
 //! | phase | bound | on expiry |
 //! |---|---|---|
-//! | fresh connection, no request yet (h1, h2, after TLS) | `header_read_timeout` | closed |
+//! | fresh connection, no request yet (h1, h2 with or without its preface, after TLS) | `header_read_timeout` | closed at once |
 //! | a request head arrived in part | `header_read_timeout`, from its first byte or from the end of the response before it, whichever is later | closed |
-//! | between requests (keep-alive), nothing in flight | `keep_alive_timeout` | closed gracefully (HTTP/2: GOAWAY) |
+//! | between requests (keep-alive), nothing in flight | `keep_alive_timeout` | closed gracefully (HTTP/2: GOAWAY), within 1 s |
 //! | the client does not take what the gateway writes (socket buffers full) | `send_timeout`, between two writes that make progress | closed |
+//! | an HTTP/2 stream's response waits on the client's flow-control window | `send_timeout` (`stream`) | the stream reset |
 //! | a request in flight or its response streaming | none otherwise (attempt and body timeouts apply) | — |
 //!
 //! A head that arrives in one read never registers as "in part", so the common path costs
@@ -159,14 +160,12 @@ impl Activity {
         }
         let idle_since = self.idle_since_ms.load(Ordering::Relaxed);
         match self.head_since_ms.load(Ordering::Relaxed) {
-            0 => {
-                let bound = if self.served.load(Ordering::Relaxed) {
-                    timeouts.keep_alive
-                } else {
-                    timeouts.header_read
-                };
-                Some((self.at(idle_since) + bound, Expiry::Idle))
+            // No first request in time: closed at once, like a head that never arrived
+            // (an HTTP/2 client that never sent its preface would not answer a GOAWAY).
+            0 if !self.served.load(Ordering::Relaxed) => {
+                Some((self.at(idle_since) + timeouts.header_read, Expiry::Head))
             }
+            0 => Some((self.at(idle_since) + timeouts.keep_alive, Expiry::Idle)),
             head => {
                 // A head that began while a response was still going out is timed from
                 // the end of that response.
@@ -216,7 +215,8 @@ mod tests {
         let start = Instant::now();
         assert_eq!(
             activity.deadline(&TIMEOUTS),
-            Some((start + TIMEOUTS.header_read, Expiry::Idle))
+            Some((start + TIMEOUTS.header_read, Expiry::Head)),
+            "closed at once, not gracefully"
         );
     }
 

@@ -41,6 +41,7 @@ mod accept;
 pub(crate) mod activity;
 mod service;
 mod sniff;
+mod stream;
 mod watchdog;
 mod watched;
 
@@ -54,7 +55,7 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{HeaderValue, Request, Response};
 use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
@@ -66,6 +67,7 @@ pub use self::activity::Activity;
 use self::activity::Timeouts;
 use self::service::ConnectionService;
 use self::sniff::{sniff, Protocol, Rewind};
+use self::stream::StreamExecutor;
 use self::watched::Watched;
 use crate::config::Http2Settings;
 use crate::edge::framing::FramingGuard;
@@ -89,8 +91,11 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// Idle keep-alive connections are closed after this.
     pub keep_alive_timeout: Duration,
-    /// A client that takes none of a pending write for this long is disconnected.
+    /// A client that takes none of a pending write for this long is disconnected; an
+    /// HTTP/2 stream whose response waits this long on the client's window is reset.
     pub send_timeout: Duration,
+    /// Bytes of one HTTP/2 response stream hyper buffers toward the client at most.
+    pub response_buffer_bytes: usize,
     /// Open connections at most.
     pub max_connections: usize,
     /// Request head limit; hyper's read buffer is sized above it so the limits layer, not
@@ -113,6 +118,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("header_read_timeout", &self.header_read_timeout)
             .field("keep_alive_timeout", &self.keep_alive_timeout)
             .field("send_timeout", &self.send_timeout)
+            .field("response_buffer_bytes", &self.response_buffer_bytes)
             .field("max_connections", &self.max_connections)
             .field("max_header_bytes", &self.max_header_bytes)
             .field("shutdown_grace", &self.shutdown_grace)
@@ -132,7 +138,7 @@ pub struct ClientTls;
 struct Listener {
     options: ServeOptions,
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
+    http2: http2::Builder<StreamExecutor>,
     /// `Keep-Alive: timeout=N`, advertised on HTTP/1 responses.
     keep_alive: HeaderValue,
     /// The guard holds back at most what hyper would buffer for one head.
@@ -168,9 +174,14 @@ impl Listener {
             .keep_alive(true)
             .max_buf_size(read_buffer_bytes(&options));
         let h2 = options.http2;
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        // Each stream's task under `server.send_timeout` (see `stream`).
+        let mut http2 = http2::Builder::new(StreamExecutor {
+            send_timeout: options.send_timeout,
+            listener: options.name,
+        });
         http2
             .timer(TokioTimer::new())
+            .max_send_buf_size(options.response_buffer_bytes)
             .max_concurrent_streams(h2.max_concurrent_streams)
             .max_header_list_size(h2.max_header_list_size)
             .initial_stream_window_size(h2.initial_stream_window_size)

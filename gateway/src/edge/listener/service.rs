@@ -14,8 +14,9 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use super::activity::{Activity, InFlight};
+use super::stream::SendWait;
 use super::{ClientTls, HttpService};
-use crate::pipeline::held::{HeldBody, UntilEnd};
+use crate::pipeline::held::{Both, HeldBody, UntilEnd};
 use crate::upstream::forwarded::PeerAddr;
 
 /// hyper's service for one connection.
@@ -70,8 +71,9 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
     }
 }
 
-/// A response body that ends its request's in-flight count once fully sent (or dropped).
-pub(crate) type TrackedBody = HeldBody<Body, UntilEnd<InFlight>>;
+/// A response body that ends its request's in-flight count once fully sent (or dropped),
+/// and on HTTP/2 reports its frames to the stream's send timeout (`stream`).
+pub(crate) type TrackedBody = HeldBody<Body, Both<UntilEnd<InFlight>, Option<SendWait>>>;
 
 pin_project_lite::pin_project! {
     /// One request through the pipeline, answered with `Keep-Alive` (HTTP/1) and a body
@@ -97,7 +99,8 @@ impl Future for Serving {
                 response.headers_mut().insert("keep-alive", value);
             }
         }
-        let held = UntilEnd(this.in_flight.take());
+        // Only HTTP/2 streams run under a stream clock; HTTP/1 writes are the watchdog's.
+        let held = Both(UntilEnd(this.in_flight.take()), SendWait::current());
         Poll::Ready(Ok(response.map(|body| HeldBody::new(body, held))))
     }
 }

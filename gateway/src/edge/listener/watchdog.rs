@@ -21,8 +21,10 @@ use tokio::time::Instant;
 use super::activity::{Activity, Expiry, Timeouts};
 use super::{closed, Listener};
 
-/// How long a connection closed for idleness may take to say goodbye (GOAWAY, lingering).
-const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(5);
+/// How long a connection closed for idleness may take to say goodbye: enough for hyper to
+/// write the GOAWAY of an idle HTTP/2 connection, whose graceful close would otherwise wait
+/// for the client to acknowledge a PING that a silent client never sends.
+const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(1);
 
 /// What the watchdog does after reading the connection's deadline.
 #[derive(Debug, PartialEq, Eq)]

@@ -39,6 +39,11 @@ use tower::ServiceExt;
 use super::HttpConnector;
 use crate::upstream::balance::{Balancer, Endpoint};
 
+/// hyper's own smallest read buffer for HTTP/1.
+const MIN_READ_BUFFER: usize = 8 * 1024;
+/// The read buffer when none is set (hyper's default, about 400 KiB).
+const DEFAULT_READ_BUFFER: usize = 8 * 1024 + 4096 * 100;
+
 mod body;
 #[cfg(test)]
 mod tests;
@@ -65,6 +70,8 @@ pub(crate) struct Pools {
     connector: HttpConnector,
     max_idle: usize,
     idle_timeout: Duration,
+    /// hyper's read buffer per connection at most: the largest body chunk read ahead.
+    read_buffer: usize,
 }
 
 /// The idle connections of one endpoint.
@@ -78,6 +85,7 @@ pub(crate) struct EndpointPool {
     reaping: AtomicBool,
     max_idle: usize,
     idle_timeout: Duration,
+    read_buffer: usize,
 }
 
 /// An idle connection's sender and since when it is idle.
@@ -97,7 +105,16 @@ impl Pools {
             connector,
             max_idle,
             idle_timeout,
+            read_buffer: DEFAULT_READ_BUFFER,
         }
+    }
+
+    /// The same, reading at most `bytes` ahead of the client per connection (at least
+    /// hyper's minimum, 8 KiB): a response body arrives in chunks no larger than this, and
+    /// while the client is slow the upstream waits in TCP's own flow control.
+    pub(crate) fn with_read_buffer(mut self, bytes: usize) -> Self {
+        self.read_buffer = bytes.max(MIN_READ_BUFFER);
+        self
     }
 
     /// The pool of `endpoint`, created on its first request.
@@ -120,6 +137,7 @@ impl Pools {
             self.connector.clone(),
             self.max_idle,
             self.idle_timeout,
+            self.read_buffer,
         ));
         let current = balancer.endpoint_set();
         let live = |id: usize| current.endpoints().iter().any(|e| e.state.id == id);
@@ -173,7 +191,13 @@ fn origin_form(request: &mut Request<Body>) {
 // === impl EndpointPool ===
 
 impl EndpointPool {
-    fn new(target: Uri, connector: HttpConnector, max_idle: usize, idle_timeout: Duration) -> Self {
+    fn new(
+        target: Uri,
+        connector: HttpConnector,
+        max_idle: usize,
+        idle_timeout: Duration,
+        read_buffer: usize,
+    ) -> Self {
         Self {
             target,
             connector,
@@ -181,6 +205,7 @@ impl EndpointPool {
             reaping: AtomicBool::new(false),
             max_idle,
             idle_timeout,
+            read_buffer,
         }
     }
 
@@ -228,7 +253,9 @@ impl EndpointPool {
             .oneshot(self.target.clone())
             .await
             .map_err(|err| SendError::Connect(Box::new(err)))?;
-        let (sender, connection) = http1::handshake(io)
+        let (sender, connection) = http1::Builder::new()
+            .max_buf_size(self.read_buffer)
+            .handshake(io)
             .await
             .map_err(|err| SendError::Connect(Box::new(err)))?;
         tokio::spawn(async move {

@@ -53,6 +53,7 @@ impl Upstream {
             super::super::resolver::http_connector(),
             max_idle,
             Duration::from_secs(90),
+            super::DEFAULT_READ_BUFFER,
         ))
     }
 
@@ -296,6 +297,7 @@ async fn a_refused_connect_is_a_connect_error() {
         super::super::resolver::http_connector(),
         8,
         Duration::from_secs(90),
+        super::DEFAULT_READ_BUFFER,
     ));
     let err = pool.send(get(&target)).await.unwrap_err();
     assert!(matches!(err, SendError::Connect(_)), "{err:?}");
