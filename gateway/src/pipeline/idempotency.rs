@@ -197,9 +197,10 @@ pub fn extractor(config: &Config) -> ExtractSettings {
             Caller::Tenant(tenant) => (tenant.id.clone(), template.replay_set_cookie),
             // Everyone behind one address shares this scope: a stored `Set-Cookie` would
             // hand one user's session to the next (see the README, "Choices").
-            Caller::Anonymous if template.methods.contains(&parts.method) => {
-                (format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into(), false)
-            }
+            Caller::Anonymous if template.methods.contains(&parts.method) => (
+                format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into(),
+                false,
+            ),
             Caller::Anonymous => return None,
         };
         Some(LayerSettings {
