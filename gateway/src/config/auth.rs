@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::duration::HumanDuration;
 use super::error::Issues;
 use crate::pipeline::jwt::{Algorithm, JwksLocation, JwtSettings, KeySet};
+use crate::upstream::forwarded::CLIENT_ADDRESS_FIELDS;
 
 /// Default `auth.jwt.algorithms`: every asymmetric algorithm the gateway verifies.
 pub const DEFAULT_JWT_ALGORITHMS: [&str; 3] = ["RS256", "ES256", "EdDSA"];
@@ -297,10 +298,15 @@ fn claims_to_headers(
             continue;
         }
         match HeaderName::from_bytes(header.as_bytes()) {
-            Ok(name) if RESERVED_HEADERS.contains(&name.as_str()) => issues.push(
-                field,
-                format!("= {header:?}: reserved (the gateway or HTTP framing owns it)"),
-            ),
+            Ok(name)
+                if RESERVED_HEADERS.contains(&name.as_str())
+                    || CLIENT_ADDRESS_FIELDS.contains(&name.as_str()) =>
+            {
+                issues.push(
+                    field,
+                    format!("= {header:?}: reserved (the gateway or HTTP framing owns it)"),
+                );
+            }
             Ok(name) if out.iter().any(|(_, n)| *n == name) => {
                 issues.push(field, format!("= {header:?}: another claim maps to it"))
             }
