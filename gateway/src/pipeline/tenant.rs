@@ -151,6 +151,13 @@ fn presented_key(headers: &http::HeaderMap) -> Option<(HeaderName, String)> {
         .then(|| (header::AUTHORIZATION, token.trim().to_owned()))
 }
 
+/// Whether a request presents a credential the gateway checks: `X-API-Key`, or an
+/// `Authorization: Bearer` (an API key or a JWT). What a blocked address may no longer send
+/// (`crate::pipeline::auth_failures`).
+pub(crate) fn presents_credential(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(&X_API_KEY) || headers.get(header::AUTHORIZATION).is_some_and(is_bearer)
+}
+
 /// Removes every `Authorization` value whose scheme is `Bearer` (case-insensitive, followed
 /// by any whitespace or nothing), keeping the others in order; a no-op without one.
 fn strip_bearer_tokens(headers: &mut http::HeaderMap) {
