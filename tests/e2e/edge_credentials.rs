@@ -74,7 +74,8 @@ async fn unverified_bearer_tokens_beside_a_valid_api_key_never_reach_the_upstrea
     let alg_none = format!("Bearer {}", unsigned("ec-1", &claims()));
     let wrongly_signed = format!("Bearer {}", stranger.sign(&claims()));
     let well_signed = format!("Bearer {}", key.sign(&claims()));
-    let cases: [(&str, Vec<(&str, &str)>); 6] = [
+    let bearer_key = format!("Bearer {KEY}");
+    let cases: [(&str, Vec<(&str, &str)>); 7] = [
         (
             "alg none",
             vec![("X-Api-Key", KEY), ("Authorization", &alg_none)],
@@ -104,6 +105,10 @@ async fn unverified_bearer_tokens_beside_a_valid_api_key_never_reach_the_upstrea
                 ("Authorization", &well_signed),
                 ("Authorization", &alg_none),
             ],
+        ),
+        (
+            "a second field behind a bearer API key",
+            vec![("Authorization", &bearer_key), ("Authorization", &alg_none)],
         ),
     ];
     for (what, headers) in &cases {
@@ -137,8 +142,12 @@ async fn unverified_bearer_tokens_beside_a_valid_api_key_never_reach_the_upstrea
     );
     assert_eq!(hits[4].headers.get("x-portcullis-tenant"), None);
     assert_eq!(hits[5].headers["x-portcullis-tenant"], "acme");
-    assert_eq!(hits[6].headers["authorization"], "Basic Zm9vOmJhcg==");
-    assert_eq!(hits[6].headers["x-portcullis-tenant"], "acme");
+    assert_eq!(
+        hits[6].headers["x-portcullis-tenant"], "acme",
+        "bearer API keys still work"
+    );
+    assert_eq!(hits[7].headers["authorization"], "Basic Zm9vOmJhcg==");
+    assert_eq!(hits[7].headers["x-portcullis-tenant"], "acme");
 }
 
 /// `forward_token = true`: the verified token goes upstream, and only it — not an unsigned

@@ -137,11 +137,9 @@ impl AuthFailures {
     /// Whole milliseconds since `epoch`, rounded up (at least 1, so never "none blocked"):
     /// `millis(now) >= millis_ceil(at)` only once `now >= at`.
     fn millis_ceil(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.epoch);
-        let partial = u64::from(since.subsec_nanos() % 1_000_000 != 0);
-        u64::try_from(since.as_millis())
+        let nanos = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(nanos.div_ceil(1_000_000))
             .unwrap_or(u64::MAX)
-            .saturating_add(partial)
             .max(1)
     }
 }

@@ -63,10 +63,16 @@ pub(crate) fn resolve_caller(
         if let Some(verified) = jwt.presented(headers).map(|t| jwt.verify(t, directory)) {
             return jwt_caller(jwt, verified, headers);
         }
-        // No JWT is verified on this request: no bearer token goes upstream as if it were.
-        strip_bearer_tokens(headers);
     }
+    // No JWT is verified on this request: with `[auth.jwt]`, no bearer token goes upstream
+    // as if it were (a bearer API key is removed with its header below).
+    let strip_unverified = |headers: &mut http::HeaderMap| {
+        if jwt.is_some() {
+            strip_bearer_tokens(headers);
+        }
+    };
     let Some((source, key)) = presented_key(headers) else {
+        strip_unverified(headers);
         return Ok(Caller::Anonymous);
     };
     let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
@@ -74,6 +80,7 @@ pub(crate) fn resolve_caller(
     match snapshot.by_key_hash(&hash) {
         Some(tenant) if !tenant.disabled => {
             headers.remove(source);
+            strip_unverified(headers);
             if let Ok(value) = HeaderValue::from_str(&tenant.id) {
                 headers.insert(X_PORTCULLIS_TENANT.clone(), value);
             }
