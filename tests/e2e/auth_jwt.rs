@@ -36,6 +36,12 @@ fn config(backend: &ScriptedUpstream, jwks: &ScriptedUpstream, burst: u32, extra
     )
 }
 
+/// `text` without the failed-authentication limit: for tests that send more refused tokens
+/// than it allows from one address on purpose.
+fn no_failure_limit(text: &str) -> String {
+    text.replacen("[auth.jwt]", "[auth]\nfailure_limit = 0\n\n[auth.jwt]", 1)
+}
+
 fn now() -> u64 {
     #[allow(clippy::disallowed_methods)] // tokens carry real Unix times for the real gateway
     let now = std::time::SystemTime::now();
@@ -206,7 +212,8 @@ async fn a_rotated_key_passes_after_one_refresh_and_random_kids_do_not_hammer_th
     let jwks = jwks_server(&[&old]).await;
     let backend = ScriptedUpstream::start(vec![]).await;
     let extra = "jwks_refresh_interval = \"1h\"\njwks_refresh_cooldown = \"1h\"";
-    let gateway = GatewayProcess::start(BIN, &config(&backend, &jwks, 100, extra)).await;
+    let text = no_failure_limit(&config(&backend, &jwks, 100, extra));
+    let gateway = GatewayProcess::start(BIN, &text).await;
     wait_fetches(&jwks, 1).await;
     let (status, _) = bearer(&gateway, &old.sign(&claims(json!({}))), &[]).await;
     assert_eq!(status, 200);
@@ -263,7 +270,7 @@ async fn a_jwks_file_is_reread_when_it_changes() {
         file.display(),
         single_route_config(&backend.url(), "")
     );
-    let gateway = GatewayProcess::start(BIN, &text).await;
+    let gateway = GatewayProcess::start(BIN, &no_failure_limit(&text)).await;
     let (status, _) = bearer(&gateway, &old.sign(&claims(json!({}))), &[]).await;
     assert_eq!(status, 200, "keys read at start-up");
     std::fs::write(&file, jwks(&[&old, &new])).unwrap();

@@ -80,6 +80,8 @@ mod telemetry;
 mod edge_hop_by_hop;
 // JWT tenants: RS256/ES256/EdDSA via a JWKS upstream, claim headers, key rotation, refresh rate limit, 401 invalid_token, quotas.
 mod auth_jwt;
+// Credentials and client identity end at the edge: unverified bearer tokens and client-address fields from untrusted peers never reach the backend; key guessing gets 429.
+mod edge_credentials;
 // Start-up and shutdown messages: errors naming the field and the path once, banner after the listeners, one log stream, drain lines naming the listener.
 mod startup_messages;
 // The README's `sh test` blocks, verbatim, against the embedded default on its default ports.

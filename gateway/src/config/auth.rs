@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::duration::HumanDuration;
 use super::error::Issues;
 use crate::pipeline::jwt::{Algorithm, JwksLocation, JwtSettings, KeySet};
+use crate::upstream::forwarded::CLIENT_ADDRESS_FIELDS;
 
 /// Default `auth.jwt.algorithms`: every asymmetric algorithm the gateway verifies.
 pub const DEFAULT_JWT_ALGORITHMS: [&str; 3] = ["RS256", "ES256", "EdDSA"];
@@ -48,12 +49,33 @@ const RESERVED_HEADERS: &[&str] = &[
     "x-request-id",
 ];
 
+/// Default `auth.failure_limit`: failed authentications per client address and window before
+/// that address gets 429s (a person mistyping a key never sends 20 in a minute).
+pub const DEFAULT_AUTH_FAILURE_LIMIT: u32 = 20;
+/// Default `auth.failure_window`: the window `failure_limit` counts in, and the longest block.
+pub const DEFAULT_AUTH_FAILURE_WINDOW: HumanDuration = HumanDuration::secs(60);
+
 /// `[auth]`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawAuth {
     /// Tenants from bearer JWTs; absent → only API keys identify tenants.
     pub jwt: Option<RawJwt>,
+    /// Failed authentications (bad API key or JWT) one client address may make per
+    /// `failure_window` before its credentials are refused with 429; 0 turns the limit off.
+    pub failure_limit: u32,
+    /// The window `failure_limit` counts in.
+    pub failure_window: HumanDuration,
+}
+
+impl Default for RawAuth {
+    fn default() -> Self {
+        Self {
+            jwt: None,
+            failure_limit: DEFAULT_AUTH_FAILURE_LIMIT,
+            failure_window: DEFAULT_AUTH_FAILURE_WINDOW,
+        }
+    }
 }
 
 /// `[auth.jwt]`.
@@ -112,18 +134,49 @@ fn default_timeout() -> HumanDuration {
 }
 
 /// Validated `[auth]`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AuthSettings {
     /// Bearer JWTs, when configured.
     pub jwt: Option<Arc<JwtSettings>>,
+    /// Failed authentications per client address and window; 0: no limit.
+    pub failure_limit: u32,
+    /// The window `failure_limit` counts in.
+    pub failure_window: Duration,
 }
 
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self {
+            jwt: None,
+            failure_limit: DEFAULT_AUTH_FAILURE_LIMIT,
+            failure_window: DEFAULT_AUTH_FAILURE_WINDOW.get(),
+        }
+    }
+}
+
+/// The longest `auth.failure_window`: an address is never blocked for longer than a day.
+const MAX_AUTH_FAILURE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
 pub(super) fn auth(raw: &RawAuth, issues: &mut Issues) -> AuthSettings {
+    let window = raw.failure_window.get();
+    if raw.failure_limit > 0
+        && (window < Duration::from_secs(1) || window > MAX_AUTH_FAILURE_WINDOW)
+    {
+        issues.push(
+            "auth.failure_window",
+            format!(
+                "= {}: must be between 1s and 24h (or set auth.failure_limit = 0 to turn the limit off)",
+                raw.failure_window
+            ),
+        );
+    }
     AuthSettings {
         jwt: raw
             .jwt
             .as_ref()
             .map(|jwt| Arc::new(validate_jwt("auth.jwt", jwt, issues))),
+        failure_limit: raw.failure_limit,
+        failure_window: window,
     }
 }
 
@@ -297,10 +350,15 @@ fn claims_to_headers(
             continue;
         }
         match HeaderName::from_bytes(header.as_bytes()) {
-            Ok(name) if RESERVED_HEADERS.contains(&name.as_str()) => issues.push(
-                field,
-                format!("= {header:?}: reserved (the gateway or HTTP framing owns it)"),
-            ),
+            Ok(name)
+                if RESERVED_HEADERS.contains(&name.as_str())
+                    || CLIENT_ADDRESS_FIELDS.contains(&name.as_str()) =>
+            {
+                issues.push(
+                    field,
+                    format!("= {header:?}: reserved (the gateway or HTTP framing owns it)"),
+                );
+            }
             Ok(name) if out.iter().any(|(_, n)| *n == name) => {
                 issues.push(field, format!("= {header:?}: another claim maps to it"))
             }

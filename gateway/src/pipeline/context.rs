@@ -19,6 +19,7 @@ use portcullis_control::Directory;
 use portcullis_problem::Problem;
 use portcullis_retry::RetryTarget;
 
+use crate::pipeline::auth_failures::{self, AuthFailures};
 use crate::pipeline::jwt::JwtAuth;
 use crate::pipeline::router::{Lookup, Route, RouteRequest, RouteTable};
 use crate::pipeline::step::Step;
@@ -93,6 +94,7 @@ pub(crate) struct Resolve {
     directory: Arc<Directory>,
     trusted: Arc<TrustedProxies>,
     jwt: Option<Arc<JwtAuth>>,
+    failures: Option<Arc<AuthFailures>>,
 }
 
 impl Resolve {
@@ -107,12 +109,19 @@ impl Resolve {
             directory,
             trusted,
             jwt: None,
+            failures: None,
         }
     }
 
     /// Also identifies tenants from bearer JWTs (`[auth.jwt]`).
     pub(crate) fn with_jwt(mut self, jwt: Option<Arc<JwtAuth>>) -> Self {
         self.jwt = jwt;
+        self
+    }
+
+    /// Also limits failed authentications per client address (`auth.failure_limit`).
+    pub(crate) fn with_failures(mut self, failures: Option<Arc<AuthFailures>>) -> Self {
+        self.failures = failures;
         self
     }
 }
@@ -137,11 +146,27 @@ impl Step for Resolve {
             .get::<PeerAddr>()
             .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |p| p.0.ip());
         let client = self.trusted.resolve(peer, request.headers());
-        let caller = match tenant::resolve_caller(
-            &self.directory,
-            self.jwt.as_deref(),
-            request.headers_mut(),
-        ) {
+        // An address past its failure budget has its credentials refused unchecked.
+        let blocked = self.failures.as_ref().and_then(|failures| {
+            failures
+                .blocked(client.ip)
+                .filter(|_| tenant::presents_credential(request.headers()))
+        });
+        let resolved = match blocked {
+            Some(wait) => Err(auth_failures::refusal(wait)),
+            None => {
+                let resolved = tenant::resolve_caller(
+                    &self.directory,
+                    self.jwt.as_deref(),
+                    request.headers_mut(),
+                );
+                if let (Err(_), Some(failures)) = (&resolved, &self.failures) {
+                    failures.failed(client.ip);
+                }
+                resolved
+            }
+        };
+        let caller = match resolved {
             Ok(caller) => caller,
             Err(refusal) => {
                 if let Some(exchange) = exchange {

@@ -8,6 +8,7 @@
 //! gateway's own small layers (here and in [`crate::edge`]) are `step::Step`s, made tower layers
 //! by the one generic `step::StepLayer`.
 
+pub(crate) mod auth_failures;
 pub(crate) mod buffer;
 pub(crate) mod concurrency;
 pub mod context;

@@ -14,8 +14,13 @@
 //! With `[auth.jwt]`, a bearer value shaped like a JWT is verified as one instead
 //! ([`crate::pipeline::jwt`]); other bearer values are still API keys.
 //!
-//! When both headers are present `X-API-Key` wins and `Authorization` is passed through
-//! untouched, so backends can keep their own bearer tokens.
+//! When both headers are present `X-API-Key` wins. Without `[auth.jwt]` the `Authorization`
+//! beside it is passed through untouched, so backends can keep their own bearer tokens. With
+//! `[auth.jwt]` a backend may take any bearer token that reaches it as verified by the
+//! gateway, so every `Authorization: Bearer` value the gateway did not verify is removed
+//! (the one beside `X-API-Key`, a second `Authorization` field, one on an anonymous request);
+//! other schemes (`Basic`, …) still pass. A verified JWT goes upstream only with
+//! `forward_token = true`, and then only the value that was verified.
 //!
 //! Tenants come from the control plane's [`Directory`] snapshot (`portcullis-control`); this
 //! layer only reads it.
@@ -59,7 +64,15 @@ pub(crate) fn resolve_caller(
             return jwt_caller(jwt, verified, headers);
         }
     }
+    // No JWT is verified on this request: with `[auth.jwt]`, no bearer token goes upstream
+    // as if it were (a bearer API key is removed with its header below).
+    let strip_unverified = |headers: &mut http::HeaderMap| {
+        if jwt.is_some() {
+            strip_bearer_tokens(headers);
+        }
+    };
     let Some((source, key)) = presented_key(headers) else {
+        strip_unverified(headers);
         return Ok(Caller::Anonymous);
     };
     let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
@@ -67,6 +80,7 @@ pub(crate) fn resolve_caller(
     match snapshot.by_key_hash(&hash) {
         Some(tenant) if !tenant.disabled => {
             headers.remove(source);
+            strip_unverified(headers);
             if let Ok(value) = HeaderValue::from_str(&tenant.id) {
                 headers.insert(X_PORTCULLIS_TENANT.clone(), value);
             }
@@ -92,8 +106,11 @@ fn jwt_caller(
             tenant,
             headers: claims,
         }) => {
-            if !jwt.forward_token() {
-                headers.remove(header::AUTHORIZATION);
+            // Only the value that was verified (the first) may go upstream, never a second
+            // `Authorization` field beside it.
+            let token = headers.remove(header::AUTHORIZATION);
+            if let Some(token) = token.filter(|_| jwt.forward_token()) {
+                headers.insert(header::AUTHORIZATION, token);
             }
             if let Ok(value) = HeaderValue::from_str(&tenant.id) {
                 headers.insert(X_PORTCULLIS_TENANT.clone(), value);
@@ -157,6 +174,41 @@ fn presented_key(headers: &http::HeaderMap) -> Option<(HeaderName, String)> {
         .then(|| (header::AUTHORIZATION, token.trim().to_owned()))
 }
 
+/// Whether a request presents a credential the gateway checks: `X-API-Key`, or an
+/// `Authorization: Bearer` (an API key or a JWT). What a blocked address may no longer send
+/// (`crate::pipeline::auth_failures`).
+pub(crate) fn presents_credential(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(&X_API_KEY) || headers.get(header::AUTHORIZATION).is_some_and(is_bearer)
+}
+
+/// Removes every `Authorization` value whose scheme is `Bearer` (case-insensitive, followed
+/// by any whitespace or nothing), keeping the others in order; a no-op without one.
+fn strip_bearer_tokens(headers: &mut http::HeaderMap) {
+    if !headers.get_all(header::AUTHORIZATION).iter().any(is_bearer) {
+        return;
+    }
+    let others: Vec<HeaderValue> = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter(|value| !is_bearer(value))
+        .cloned()
+        .collect();
+    headers.remove(header::AUTHORIZATION);
+    for value in others {
+        headers.append(header::AUTHORIZATION, value);
+    }
+}
+
+/// Whether an `Authorization` value uses the `Bearer` scheme, however it is spaced.
+fn is_bearer(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes().trim_ascii_start();
+    let scheme = bytes
+        .split(|b| b.is_ascii_whitespace())
+        .next()
+        .unwrap_or_default();
+    scheme.eq_ignore_ascii_case(b"bearer")
+}
+
 fn unauthorized() -> Response<Body> {
     let mut response = Problem::new(
         StatusCode::UNAUTHORIZED,
@@ -205,6 +257,31 @@ mod tests {
             "same /64"
         );
         assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn bearer_values_are_stripped_and_other_schemes_kept() {
+        let mut headers = http::HeaderMap::new();
+        for value in [
+            "Basic Zm9v",
+            "Bearer a.b.c",
+            "bearer\tx",
+            "  BEARER y",
+            "Digest d",
+        ] {
+            headers.append(header::AUTHORIZATION, value.parse().unwrap());
+        }
+        strip_bearer_tokens(&mut headers);
+        let left: Vec<_> = headers.get_all(header::AUTHORIZATION).iter().collect();
+        assert_eq!(left, ["Basic Zm9v", "Digest d"]);
+        let mut none = http::HeaderMap::new();
+        none.insert(header::AUTHORIZATION, "Bearerx y".parse().unwrap());
+        strip_bearer_tokens(&mut none);
+        assert_eq!(
+            none.len(),
+            1,
+            "another scheme that starts with the same letters"
+        );
     }
 
     proptest::proptest! {

@@ -16,6 +16,7 @@ use crate::edge::listener::HttpService;
 use crate::edge::ops::{Health, HealthRoutesLayer};
 use crate::edge::request_id::RequestId;
 use crate::edge::target::Target;
+use crate::pipeline::auth_failures::AuthFailures;
 use crate::pipeline::buffer::BufferLayer;
 use crate::pipeline::concurrency::Concurrency;
 use crate::pipeline::context::{RequestContext, Resolve};
@@ -77,6 +78,9 @@ where
 {
     // `[auth.jwt]`: the verifier; its key refresher stops when the stack is dropped.
     let jwt = config.auth.jwt.clone().map(JwtAuth::start);
+    // `auth.failure_limit`: failed authentications per client address, per replica.
+    let failures =
+        AuthFailures::new(config.auth.failure_limit, config.auth.failure_window).map(Arc::new);
     let telemetry = Arc::new(Telemetry::new(config, trusted.clone()));
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
@@ -98,8 +102,9 @@ where
                 parts.directory.clone(),
                 trusted,
             )
-            .with_jwt(jwt),
-        )) // bearer JWT → tenant (bad token → 401); most specific route by host, path, headers, method (else 405/404), client address, API key → tenant (bad key → 401), else anonymous: the one RequestContext every later layer reads
+            .with_jwt(jwt)
+            .with_failures(failures),
+        )) // bearer JWT → tenant (bad token → 401); most specific route by host, path, headers, method (else 405/404), client address, credentials of an address past auth.failure_limit → 429 unchecked, API key → tenant (bad key → 401, counted per address), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(HoldBoth(
             LoadShed::new(
                 config.server.max_in_flight,

@@ -6,6 +6,23 @@ use std::net::{IpAddr, SocketAddr};
 use http::HeaderMap;
 use ipnet::IpNet;
 
+/// Fields that name the client's address besides `X-Forwarded-For`: the standard one
+/// (RFC 7239), nginx's, the CDNs' (Akamai and Cloudflare, Cloudflare, Fastly) and other
+/// proxies' conventions. Removed from requests of untrusted peers, passed from trusted ones.
+pub(crate) const CLIENT_ADDRESS_FIELDS: &[&str] = &[
+    "forwarded",
+    "x-real-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "client-ip",
+    "x-original-forwarded-for",
+    "forwarded-for",
+    "x-forwarded",
+];
+
 /// The TCP peer of the connection, inserted by the listener into every request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);

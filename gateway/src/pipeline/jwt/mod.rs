@@ -2,8 +2,8 @@
 //!
 //! `Authorization: Bearer <token>` where the token is shaped like a JWT (three base64url
 //! segments, the first a JSON header naming `alg`) is verified here; any other bearer value
-//! is an API key as before, and `X-API-Key` still wins over `Authorization` (the bearer
-//! token is then the backend's business and passes untouched).
+//! is an API key as before, and `X-API-Key` still wins over `Authorization`. A bearer
+//! token the gateway did not verify never goes upstream (see `crate::pipeline::tenant`).
 //!
 //! A JWT identifies a tenant when its signature verifies with a key of the issuer's JWKS
 //! ([`keys`]: cached, refreshed in the background, and at most once per cooldown on an
@@ -15,7 +15,8 @@
 //!
 //! On success the request goes upstream with `X-Portcullis-Tenant` and the
 //! `claims_to_headers` headers, and without `Authorization` unless `forward_token = true`
-//! (Envoy's `jwt_authn` strips it by default too; Kong forwards it). The headers named in
+//! (Envoy's `jwt_authn` strips it by default too; Kong forwards it), and then only the
+//! verified value. The headers named in
 //! `claims_to_headers` are removed from *every* request first, so no client can forge them.
 //!
 //! Verification is synchronous (inside `context::Resolve`), on the cached keys. The one

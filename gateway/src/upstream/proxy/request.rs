@@ -11,8 +11,8 @@ use crate::config::PathRule;
 use crate::edge::listener::ClientTls;
 use crate::pipeline::context::RequestContext;
 use crate::upstream::balance::Address;
-use crate::upstream::forwarded::Client;
 use crate::upstream::forwarded::IpText;
+use crate::upstream::forwarded::{Client, CLIENT_ADDRESS_FIELDS};
 
 /// Rewrites the request for the chosen endpoint.
 pub(super) fn prepare(
@@ -45,6 +45,9 @@ pub(super) fn prepare(
     // at the edge, and no layer since adds one: nothing to strip again on this hop.
     parts.headers.insert(header::HOST, address.host.clone());
     let client = &context.client;
+    if !client.peer_trusted {
+        strip_client_address_fields(&mut parts.headers);
+    }
     if let Some(value) = forwarded_for(client, &parts.headers) {
         parts.headers.insert(X_FORWARDED_FOR.clone(), value);
     }
@@ -74,6 +77,21 @@ fn forwarded_for(client: &Client, headers: &HeaderMap) -> Option<HeaderValue> {
         return HeaderValue::from_str(&client.forwarded_for(headers)).ok();
     }
     HeaderValue::from_bytes(IpText::new(client.peer).as_bytes()).ok()
+}
+
+/// Removes the fields that name the client's address other than `X-Forwarded-For` (which is
+/// rewritten instead): from a peer that is not a trusted proxy they are whatever the client
+/// chose (see [`CLIENT_ADDRESS_FIELDS`]). One pass over the names first, so the usual request
+/// without any costs no lookups.
+fn strip_client_address_fields(headers: &mut HeaderMap) {
+    if headers
+        .keys()
+        .any(|name| CLIENT_ADDRESS_FIELDS.contains(&name.as_str()))
+    {
+        for name in CLIENT_ADDRESS_FIELDS {
+            headers.remove(*name);
+        }
+    }
 }
 
 /// The path the upstream receives: as the client sent it (normalised), or with the matched
@@ -148,6 +166,19 @@ mod tests {
             assert_eq!(got, want);
             assert_eq!(got, client.forwarded_for(headers).as_str());
         }
+    }
+
+    #[test]
+    fn client_address_fields_are_stripped_and_others_kept() {
+        let mut headers = HeaderMap::new();
+        for name in CLIENT_ADDRESS_FIELDS {
+            headers.append(*name, HeaderValue::from_static("1.2.3.4"));
+            headers.append(*name, HeaderValue::from_static("5.6.7.8"));
+        }
+        headers.insert("x-other", HeaderValue::from_static("kept"));
+        strip_client_address_fields(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert_eq!(headers["x-other"], "kept");
     }
 
     #[test]
