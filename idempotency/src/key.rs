@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName};
 /// The request header carrying the key.
 pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// Default maximum key length: seed 002 R-6 ("Keys MUST be at most 64 characters").
+/// Default maximum key length: docs/retry-policy.md (keys of at most 64 characters).
 pub const DEFAULT_MAX_KEY_LEN: usize = 64;
 
 /// Largest `max_key_len` a route may configure.

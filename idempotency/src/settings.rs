@@ -7,8 +7,8 @@ use http::Method;
 
 use crate::key::{DEFAULT_MAX_KEY_LEN, MAX_KEY_LEN_LIMIT};
 
-/// Minimum (and default) retention of completed records: seed 002 R-6 ("Servers MUST store
-/// keys for minimum 24 hours").
+/// Minimum (and default) retention of completed records: a day, the span within which a
+/// client may retry an operation (docs/retry-policy.md).
 pub const MIN_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Default lease: the retry layer's default total deadline (30 s) plus 5 s for body

@@ -1,4 +1,4 @@
-//! Backoff between attempts: full or decorrelated jitter (seed 002 R-1), as plain functions
+//! Backoff between attempts: full or decorrelated jitter (docs/retry-policy.md), as plain functions
 //! of a random source so they can be property-tested.
 
 use std::time::Duration;

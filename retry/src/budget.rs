@@ -1,4 +1,4 @@
-//! Per-dependency retry budget (seed 002 R-7): retries may be at most `percent` of the
+//! Per-dependency retry budget (docs/retry-policy.md): retries may be at most `percent` of the
 //! requests seen over a rolling window, plus a small per-second floor.
 //!
 //! Every original request deposits; every retry withdraws. A retry is allowed while
@@ -20,11 +20,11 @@ use tokio::time::Instant;
 
 use super::{metrics::BudgetMetrics, policy::InvalidRetryConfig, window::Ring};
 
-/// Default share of requests that may be retries (seed 002 R-7).
+/// Default share of requests that may be retries (docs/retry-policy.md).
 pub(crate) const DEFAULT_BUDGET_PERCENT: u32 = 20;
-/// Largest allowed share (ARCHITECTURE: 0–50 %).
+/// Largest allowed share (docs/retry-policy.md: 0–50 %).
 pub(crate) const MAX_BUDGET_PERCENT: u32 = 50;
-/// Default rolling window (seed 002 R-7).
+/// Default rolling window (docs/retry-policy.md).
 pub(crate) const DEFAULT_BUDGET_WINDOW: Duration = Duration::from_secs(30);
 /// Default floor of retries per second allowed whatever the traffic.
 pub(crate) const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 1;
@@ -75,7 +75,7 @@ impl BudgetConfig {
             return Err(InvalidRetryConfig {
                 field: "budget_percent",
                 value: percent.to_string(),
-                allowed: "0..=50 (seed 002 R-7 default 20)".to_owned(),
+                allowed: "0..=50 (default 20)".to_owned(),
             });
         }
         if window < Duration::from_secs(1) || window > Duration::from_secs(600) {

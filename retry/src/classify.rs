@@ -1,7 +1,7 @@
 //! Classification of one attempt's outcome and the safety ladder, as pure functions.
 //!
 //! Two questions are kept apart: *is this failure transient?* (status 408/429/500/502/503/504
-//! and the transport failures of seed 002 R-4) and *is repeating this request safe?* (the
+//! and the transport failures of docs/retry-policy.md) and *is repeating this request safe?* (the
 //! ladder below). A retry needs both.
 
 use http::{Method, StatusCode};
@@ -9,7 +9,7 @@ use http::{Method, StatusCode};
 use super::error::FailureKind;
 use portcullis_problem::grpc::GrpcCode;
 
-/// At most this many attempts may end in a DNS failure (seed 002 R-4).
+/// At most this many attempts may end in a DNS failure (docs/retry-policy.md).
 pub(crate) const DNS_MAX_ATTEMPTS: u32 = 2;
 
 /// What one upstream attempt produced, reduced to what classification needs.
@@ -82,7 +82,7 @@ pub(crate) fn is_provably_unprocessed(kind: FailureKind) -> bool {
     kind.proves_unprocessed()
 }
 
-/// Methods that are idempotent by definition (seed 002 R-6).
+/// Methods that are idempotent by definition (docs/retry-policy.md).
 pub(crate) fn is_idempotent_method(method: &Method) -> bool {
     matches!(
         *method,
@@ -98,7 +98,7 @@ pub(crate) fn failure_class(outcome: AttemptOutcome) -> FailureClass {
             500 | 502 | 504 => FailureClass::Ambiguous,
             _ => FailureClass::Final,
         },
-        // The gRPC analogues of 503/429 and of 504, as seed 002 R-4 lists them; ABORTED
+        // The gRPC analogues of 503/429 and of 504, as docs/retry-policy.md lists them; ABORTED
         // (a concurrency conflict) may have acted, as a 500 may.
         AttemptOutcome::Grpc(code) => match code {
             GrpcCode::Unavailable | GrpcCode::ResourceExhausted => FailureClass::Declined,

@@ -21,7 +21,7 @@ pub enum FailureKind {
     ResetAfterSent,
     /// The TLS handshake did not finish in time: no request byte was sent.
     TlsHandshakeTimeout,
-    /// The upstream's certificate was rejected. Never retried (seed 002 R-9: possible MITM).
+    /// The upstream's certificate was rejected. Never retried (docs/retry-policy.md: a possible interception).
     TlsCertificate,
     /// Anything else (a local error of the client, a protocol error…). Never retried.
     Other,

@@ -1,10 +1,10 @@
 //! Operations whose retries the gateway already spent, so that a client's retry of the same
-//! operation gets one attempt rather than a new round (seed 003: exactly one retry layer).
+//! operation gets one attempt rather than a new round (docs/retries.md: exactly one retry layer).
 //!
 //! Without it, a client that retries 3 times against an always-503 upstream, through a
 //! gateway that retries 3 times, sends it (1 + 3) × (1 + 3) = 16 attempts. With it, the
 //! gateway's first round is 4 attempts and each client retry within the window is one:
-//! 1 + 3 + 3 = 7, the bound of issue 18.
+//! 1 + 3 + 3 = 7.
 //!
 //! An operation is named by a 64-bit fingerprint: the caller and the Idempotency-Key when
 //! the request has one, else the caller, method, target and body. It is remembered for

@@ -1,5 +1,5 @@
 //! Attempt latency of one upstream, measured: percentiles for operators and a recommended
-//! attempt timeout (seed 003: set timeouts from measured p99, 2–3×, not from guesses).
+//! attempt timeout (docs/retries.md: timeouts set from the measured p99, 2–3×, not from guesses).
 //!
 //! Every attempt's time to response headers (or to its failure, or to its timeout) is
 //! counted in a log-linear histogram: four buckets per power of two of microseconds, so a
@@ -24,7 +24,7 @@ const BUCKETS: usize = SUB * OCTAVES;
 /// Fewer samples than this in view: no percentile is claimed, no timeout recommended.
 pub const MIN_SAMPLES: u64 = 100;
 
-/// The multiple of p99 a recommended attempt timeout is (seed 003 says 2–3×; the upper end,
+/// The multiple of p99 a recommended attempt timeout is (2–3× is the usual advice; the upper end,
 /// because a timeout that fires on healthy tail latency turns slowness into retries).
 pub const P99_MULTIPLIER: u32 = 3;
 

@@ -73,7 +73,7 @@
 //!    charged the card, and the idempotency layer stores it instead.
 //! 4. **Anything else** is never retried once a byte may have reached the backend.
 //!
-//! TLS certificate errors are never retried (seed 002 R-9: a possible MITM must surface).
+//! TLS certificate errors are never retried (docs/retry-policy.md: a possible interception must surface).
 //! DNS failures get at most 2 attempts. Retries prefer a different endpoint: each attempt
 //! carries an [`AttemptInfo`] naming the endpoint that just failed.
 //!
@@ -92,7 +92,7 @@
 //! `max_retries` bounds the cost of *one* request; it does nothing for the fleet. When a
 //! backend fails outright, every request uses all its retries and the backend receives
 //! `1 + max_retries` times its normal load exactly when it can least take it. A budget
-//! bounds the *ratio*: retries may be at most 20 % (seed 002 R-7) of the requests sent to
+//! bounds the *ratio*: retries may be at most 20 % (docs/retry-policy.md) of the requests sent to
 //! one dependency over a rolling 30 s window, plus a small floor (1 retry/s by default) so a
 //! quiet upstream can still get a retry for a rare blip. During an outage amplification
 //! stays near 1.2 instead of 4, and during normal operation — where retries are rare — the
@@ -104,7 +104,7 @@
 //!
 //! # Deadlines and Retry-After
 //!
-//! Each request gets one deadline: `now + total` (≤ 30 s, seed 002 R-3), or the client's
+//! Each request gets one deadline: `now + total` (≤ 30 s, docs/retry-policy.md), or the client's
 //! `X-Request-Deadline` (RFC 3339) when that is earlier. An unparsable incoming deadline is
 //! ignored; one already past fails with [`RetryError::DeadlineExceeded`] before anything
 //! is sent. Every attempt forwards the effective deadline in `X-Request-Deadline` (UTC,
@@ -113,7 +113,7 @@
 //!
 //! Between attempts the layer waits `max(backoff, Retry-After)`: the upstream's
 //! `Retry-After` (delta-seconds or HTTP-date, parsed leniently) is a floor, never shortened
-//! by jitter (seed 002 R-5). If that wait would reach the deadline, waiting is pointless:
+//! by jitter (docs/retry-policy.md). If that wait would reach the deadline, waiting is pointless:
 //! the layer returns the upstream's response at once, so the client sees the real 429/503
 //! and its `Retry-After` instead of a synthetic timeout 30 s later.
 //!

@@ -1,18 +1,18 @@
-//! Retry policy: validated parameters of one route/upstream (seed 002 ).
+//! Retry policy: validated parameters of one route/upstream (docs/retry-policy.md).
 
 use std::{fmt, str::FromStr, time::Duration};
 
-/// Default first backoff window (seed 002 R-1).
+/// Default first backoff window (docs/retry-policy.md).
 pub(crate) const DEFAULT_BASE: Duration = Duration::from_secs(1);
-/// Default backoff cap (seed 002 R-1).
+/// Default backoff cap (docs/retry-policy.md).
 pub(crate) const DEFAULT_CAP: Duration = Duration::from_secs(30);
-/// Default number of retries after the first attempt (seed 002 R-2, synchronous calls).
+/// Default number of retries after the first attempt (docs/retry-policy.md, synchronous calls).
 pub(crate) const DEFAULT_MAX_RETRIES: u32 = 3;
-/// Upper bound of `max_retries` (seed 002 R-2; ARCHITECTURE allows 0 to disable retries).
+/// Upper bound of `max_retries` (docs/retry-policy.md; 0 disables retries).
 pub(crate) const MAX_RETRIES_LIMIT: u32 = 5;
-/// Default and maximum total duration of a synchronous call (seed 002 R-3).
+/// Default and maximum total duration of a synchronous call (docs/retry-policy.md).
 pub(crate) const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
-/// Maximum total duration of a synchronous call (seed 002 R-3).
+/// Maximum total duration of a synchronous call (docs/retry-policy.md).
 pub(crate) const MAX_TOTAL: Duration = Duration::from_secs(30);
 /// Default size up to which request bodies are buffered for replay.
 pub(crate) const DEFAULT_BODY_REPLAY_LIMIT: usize = 64 * 1024;
@@ -21,7 +21,7 @@ pub(crate) const MAX_BODY_REPLAY_LIMIT: usize = 16 * 1024 * 1024;
 /// Default time to wait for response headers of one attempt.
 pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Randomisation of the backoff (seed 002 R-1). Equal jitter and fixed intervals do not
+/// Randomisation of the backoff (docs/retry-policy.md). Equal jitter and fixed intervals do not
 /// exist here on purpose: they are refused when parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Jitter {
@@ -108,7 +108,7 @@ pub struct RetryPolicy {
 // === impl Jitter ===
 
 const JITTER_ALLOWED: &str =
-    "\"full\" | \"decorrelated\" (seed 002 R-1 forbids equal jitter and fixed-interval retry)";
+    "\"full\" | \"decorrelated\" (equal jitter and fixed-interval retry are not allowed: docs/retry-policy.md)";
 
 impl FromStr for Jitter {
     type Err = InvalidRetryConfig;
@@ -180,7 +180,7 @@ impl RetryPolicy {
             return Err(bad(
                 "total",
                 format!("{:?}", params.total),
-                "(0s, 30s] for synchronous calls (seed 002 R-3)",
+                "(0s, 30s] for synchronous calls (docs/retry-policy.md)",
             ));
         }
         if params.body_replay_limit > MAX_BODY_REPLAY_LIMIT {
@@ -271,7 +271,7 @@ impl RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// The seed-002 defaults: full jitter, base 1 s, cap 30 s, 3 retries, 30 s total.
+    /// The shipped defaults (docs/retry-policy.md): full jitter, base 1 s, cap 30 s, 3 retries, 30 s total.
     fn default() -> Self {
         Self {
             params: RetryParams::default(),
@@ -342,7 +342,7 @@ mod tests {
         for refused in ["equal", "fixed", "none", ""] {
             let err = refused.parse::<Jitter>().expect_err(refused);
             assert_eq!(err.field, "jitter");
-            assert!(err.allowed.contains("R-1"), "{err}");
+            assert!(err.allowed.contains("docs/retry-policy.md"), "{err}");
         }
     }
 }

@@ -62,7 +62,7 @@ async fn an_endpoint_that_stalls_is_ejected_after_its_timeouts() {
 
 /// A client that sets a deadline shorter than the attempt timeout cuts its own attempts
 /// short: a hurry of its own, not a failure of the endpoint. However often one caller does
-/// it, the endpoint stays in (ARCHITECTURE: failures one caller provokes alone never hurt
+/// it, the endpoint stays in (failures one caller provokes alone never hurt
 /// the others).
 #[tokio::test]
 async fn a_clients_short_deadline_never_ejects_an_endpoint() {

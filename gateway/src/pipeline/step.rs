@@ -4,7 +4,7 @@
 //! change it), then either answer at once — a refusal, a 404, a 503 — or let it through and
 //! perhaps touch the response on the way back. Each such concern implements [`Step`]; the
 //! single [`StepLayer`]/[`StepService`] pair turns any step into a tower layer, so the
-//! `Layer` + `Service` boilerplate is written once (STYLE.md habit 2).
+//! `Layer` + `Service` boilerplate is written once.
 //!
 //! The service keeps the contract every layer here relies on (habit 3): `poll_ready` only
 //! delegates, the error is the inner service's, an answer given at once never calls the

@@ -5,7 +5,7 @@
 //! The default formatter styles every field name and `=` even when colour is off (two
 //! styled strings per field) and escapes the message one character at a time; with the
 //! access log's 18 fields that was about a quarter of a proxied request's instructions
-//! (BENCHMARKS.md, "Hot path, round 2"). Here a field is one `write!`, and the message is
+//! (BENCHMARKS.md). Here a field is one `write!`, and the message is
 //! written whole unless it holds a character to escape. Errors and anything unusual go to
 //! the default visitor, so the text stays the same.
 

@@ -20,7 +20,7 @@
 //! certificate (mTLS), ALPN `h2` when the upstream declares HTTP/2. The connector in
 //! `proxy::connector` does the handshake under its own timeout; [`certificate_failure`]
 //! finds a certificate verdict anywhere in an error's cause chain, so the proxy can classify
-//! it as never retryable (seed 002 R-9: a certificate error may be an attack).
+//! it as never retryable (docs/retry-policy.md: a certificate error may be an attack).
 //!
 //! [`ServerConfig`]: rustls::ServerConfig
 

@@ -1,5 +1,5 @@
-//! Client retries after the gateway's: one attempt each, not a new round (issue 18's
-//! bound: attempts per client operation ≤ 1 + max_retries + the client's retries).
+//! Client retries after the gateway's: one attempt each, not a new round (the bound:
+//! attempts per client operation ≤ 1 + max_retries + the client's retries).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! The seed-002 metric names and labels, captured with a local recorder.
+//! The retry metrics' names and labels (docs/operations.md), captured with a local recorder.
 
 use std::sync::Mutex;
 

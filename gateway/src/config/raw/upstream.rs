@@ -49,7 +49,7 @@ pub struct RawUpstream {
     /// The backend deduplicates on the forwarded `Idempotency-Key`.
     #[serde(default)]
     pub dedupes_idempotency_keys: bool,
-    /// Retry policy (seed 002 defaults).
+    /// Retry policy (defaults in docs/retry-policy.md).
     #[serde(default)]
     pub retry: RawRetry,
     /// Circuit breaker.

@@ -9,7 +9,7 @@ use crate::config::error::Issues;
 use crate::config::raw::RawIdempotency;
 use crate::config::{HumanDuration, IdempotencySettings, InFlightMode};
 
-/// Seed 002 R-6: idempotency records are kept at least this long.
+/// Idempotency records are kept at least this long: a client may retry for a day (docs/retry-policy.md).
 const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Checks `routes[i].idempotency` (`path`); `retry`: the route's retry policy, whose total
@@ -40,7 +40,7 @@ pub(super) fn idempotency(
     if raw.ttl.get() < MIN_IDEMPOTENCY_TTL {
         issues.push(
             format!("{path}.ttl"),
-            format!("= {}: must be at least 24h (seed 002 R-6)", raw.ttl),
+            format!("= {}: must be at least 24h: clients may retry an operation for a day", raw.ttl),
         );
     }
     issues.range(format!("{path}.max_key_length"), raw.max_key_length, 1, 255);

@@ -8,7 +8,7 @@
 //! `bytes_in`, `bytes_out`, `duration_ms`, `upstream_duration_ms`, `rate_limit`,
 //! `idempotency`, `idempotency_key`. Never bodies, credentials or API keys: the tenant
 //! resolution replaced the key by the tenant id before any layer here saw it, and the
-//! `Idempotency-Key` is a client-chosen request id, not a secret (seed 002).
+//! `Idempotency-Key` is a client-chosen request id, not a secret (docs/idempotency.md).
 //!
 //! Human logs without colour are written by `text.rs` (the same bytes, a fraction of the
 //! cost); everything else goes through `tracing`.

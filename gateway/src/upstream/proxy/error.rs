@@ -22,7 +22,7 @@ pub enum ProxyErrorKind {
     /// version mismatch): nothing was sent.
     TlsHandshake,
     /// A certificate was rejected — the upstream's by the gateway, or the gateway's client
-    /// certificate by the upstream. Never retried (seed 002 R-9).
+    /// certificate by the upstream. Never retried (docs/retry-policy.md).
     TlsCertificate,
     /// The connection broke after the request (or part of it) was written.
     ResetAfterSent,

@@ -1,5 +1,5 @@
 //! `bench-bareproxy`: the cheapest reverse proxy the gateway's building blocks allow, as a
-//! floor for `bench/run.sh`'s pass-through comparison with nginx (issue 14). No routing,
+//! floor for `bench/run.sh`'s pass-through comparison with nginx. No routing,
 //! policy, telemetry, header rewriting or error mapping: hyper's HTTP/1 server in front,
 //! hyper's client behind, one current-thread runtime, the gateway's allocator.
 //!
