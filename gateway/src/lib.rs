@@ -31,6 +31,7 @@ mod banner;
 pub mod config;
 pub mod edge;
 pub(crate) mod pipeline;
+pub mod plumbing;
 pub(crate) mod stack;
 /// The route table, for `benches/router.rs`.
 pub use pipeline::router;

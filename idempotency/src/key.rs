@@ -9,10 +9,10 @@
 
 use std::fmt;
 
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 
 /// The request header carrying the key.
-pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub use portcullis_problem::headers::IDEMPOTENCY_KEY;
 
 /// Default maximum key length: docs/retry-policy.md (keys of at most 64 characters).
 pub const DEFAULT_MAX_KEY_LEN: usize = 64;

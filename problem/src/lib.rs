@@ -30,6 +30,7 @@
 
 mod chain;
 pub mod grpc;
+pub mod headers;
 mod problem;
 
 pub use chain::{caused_by, is_caused_by};

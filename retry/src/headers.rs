@@ -11,14 +11,13 @@ pub const X_RETRY_ATTEMPT: HeaderName = HeaderName::from_static("x-retry-attempt
 /// Absolute deadline (RFC 3339, UTC, millisecond precision), read from the client and sent
 /// upstream on every attempt.
 pub const X_REQUEST_DEADLINE: HeaderName = HeaderName::from_static("x-request-deadline");
-/// Correlation id, logged as `correlation_id`; forwarded unchanged.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// On an upstream answer returned after the layer stopped retrying it: how many attempts
 /// were made and why no more (`attempts=4, reason=attempts_exhausted`; `reason=client_retry`
 /// when the client retried an operation the gateway had already retried).
 pub const X_RETRY_EXHAUSTED: HeaderName = HeaderName::from_static("x-retry-exhausted");
-/// Idempotency key, logged as `idempotency_key`; forwarded unchanged on every attempt.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The correlation id (logged as `correlation_id`) and the idempotency key (logged as
+/// `idempotency_key`), both forwarded unchanged on every attempt.
+pub use portcullis_problem::headers::{IDEMPOTENCY_KEY, X_REQUEST_ID};
 
 /// Parses an RFC 3339 timestamp; `None` when it is not one.
 pub(crate) fn parse_deadline(value: &HeaderValue) -> Option<SystemTime> {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::duration::HumanDuration;
 use super::error::Issues;
 use crate::pipeline::jwt::{Algorithm, JwksLocation, JwtSettings, KeySet};
-use crate::upstream::forwarded::CLIENT_ADDRESS_FIELDS;
+use crate::plumbing::client::CLIENT_ADDRESS_FIELDS;
 
 /// Default `auth.jwt.algorithms`: every asymmetric algorithm the gateway verifies.
 pub const DEFAULT_JWT_ALGORITHMS: [&str; 3] = ["RS256", "ES256", "EdDSA"];

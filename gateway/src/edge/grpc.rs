@@ -14,7 +14,7 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Request, Response, StatusCode};
 use portcullis_problem::grpc::{is_grpc, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 
-use crate::pipeline::step::{Finish, Step};
+use crate::plumbing::step::{Finish, Step};
 
 /// Marks gRPC calls so their refusals are answered as gRPC statuses (a [`Step`]).
 #[derive(Debug, Clone, Copy)]

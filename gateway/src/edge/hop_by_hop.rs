@@ -197,8 +197,8 @@ mod tests {
     #[test]
     fn protected_names_match_the_modules_that_own_them() {
         for name in [
-            &crate::pipeline::credentials::X_PORTCULLIS_TENANT,
-            &crate::pipeline::credentials::X_API_KEY,
+            &crate::plumbing::headers::X_PORTCULLIS_TENANT,
+            &crate::plumbing::headers::X_API_KEY,
             &crate::edge::request_id::X_REQUEST_ID,
             &portcullis_idempotency::key::IDEMPOTENCY_KEY,
         ] {

@@ -9,7 +9,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::edge::body_timeout::TimeoutBody;
-use crate::pipeline::step::Step;
+use crate::plumbing::step::Step;
 use portcullis_problem::Problem;
 
 /// Enforces `server.max_body_bytes` and `server.max_header_bytes` (a [`Step`]).

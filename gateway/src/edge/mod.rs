@@ -18,6 +18,5 @@ pub(crate) mod grpc;
 pub(crate) mod hop_by_hop;
 pub(crate) mod limits;
 pub mod listener;
-pub(crate) mod ops;
 pub(crate) mod request_id;
 pub(crate) mod target;

@@ -2,12 +2,12 @@
 //! and echoed on the response so clients and logs can correlate.
 
 use axum::body::Body;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 
-use crate::pipeline::step::{Finish, Step};
+use crate::plumbing::step::{Finish, Step};
 
 /// The header name.
-pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) use portcullis_problem::headers::X_REQUEST_ID;
 
 /// Longest client-supplied id we propagate; longer or odd ones are replaced.
 const MAX_ID_LEN: usize = 128;

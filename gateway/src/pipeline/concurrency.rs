@@ -36,12 +36,12 @@ use portcullis_problem::Problem;
 use portcullis_ratelimit::headers::{policy_field, ratelimit_field, RATELIMIT, RATELIMIT_POLICY};
 
 use crate::config::RouteSettings;
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::held::{hold_until_body_ends, Held};
 use crate::pipeline::in_flight::{CountPermit, KeyedCounts, KeyedPermit};
 use crate::pipeline::shed::SHED_RETRY_AFTER;
-use crate::pipeline::step::{Finish, Step};
-use crate::pipeline::tenant::{self, Caller};
+use crate::plumbing::context::RequestContext;
+use crate::plumbing::context::{self, Caller};
+use crate::plumbing::held::{hold_until_body_ends, Held};
+use crate::plumbing::step::{Finish, Step};
 
 /// The policy name in the problem and the headers.
 pub const CONCURRENCY_POLICY: &str = "concurrency";
@@ -101,7 +101,7 @@ impl Step for Concurrency {
             .and_then(Option::as_ref)
         {
             // Hashed only on routes that have a limit.
-            let key = tenant::caller_key(&context.caller, context.client.ip);
+            let key = context::caller_key(&context.caller, context.client.ip);
             match table.try_acquire(key) {
                 Some(permit) => permits.route = Some(permit),
                 // The tenant's slot, if taken, goes back as `permits` drops.

@@ -24,8 +24,8 @@ use portcullis_idempotency::{
 };
 
 use crate::config::{Config, IdempotencyBackend, InFlightMode};
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::tenant::Caller;
+use crate::plumbing::context::Caller;
+use crate::plumbing::context::RequestContext;
 
 /// How often the memory store drops expired records.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);

@@ -22,8 +22,8 @@ use portcullis_ratelimit::{
 };
 
 use crate::config::{Bucket, Config, StateBackend, StoreErrorMode, SyncMode};
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::tenant::Caller;
+use crate::plumbing::context::Caller;
+use crate::plumbing::context::RequestContext;
 
 /// Builds the configured limiter. Redis (a server or a cluster) is wrapped in the fallback
 /// that applies `rate_limit.on_store_error` when Redis fails or is slow, and with

@@ -30,12 +30,12 @@ use http::{Request, Response};
 
 use crate::config::Priority;
 use crate::pipeline::concurrency::{self, Scope};
-use crate::pipeline::context::RequestContext;
 use crate::pipeline::fair_share::FairShare;
-use crate::pipeline::held::{hold_until_body_ends, Held};
 use crate::pipeline::in_flight::{CountPermit, KeyedPermit};
-use crate::pipeline::step::{Finish, Step};
-use crate::pipeline::tenant::{self, Caller};
+use crate::plumbing::context::RequestContext;
+use crate::plumbing::context::{self, Caller};
+use crate::plumbing::held::{hold_until_body_ends, Held};
+use crate::plumbing::step::{Finish, Step};
 use portcullis_problem::Problem;
 
 /// What a shed client is told to wait: long enough to spread a herd, short enough to be useful.
@@ -112,7 +112,7 @@ impl Step for LoadShed {
         // is full too; its slot goes back (dropped) if the server then refuses.
         let caller = match (&self.fair, context) {
             (Some(fair), Some(context)) => {
-                let key = tenant::caller_key(&context.caller, context.client.ip);
+                let key = context::caller_key(&context.caller, context.client.ip);
                 match fair.try_acquire(key, &self.in_flight) {
                     Ok(permit) => Some(permit),
                     Err(limit) => {
@@ -160,7 +160,7 @@ impl Finish for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::step::StepLayer;
+    use crate::plumbing::step::StepLayer;
     use tower::{Layer, ServiceExt};
 
     #[tokio::test]
@@ -208,7 +208,7 @@ mod tests {
 
     #[tokio::test]
     async fn critical_routes_use_the_reserve_normal_ones_are_shed_first() {
-        use crate::pipeline::context::tests::context_for;
+        use crate::pipeline::resolve::tests::context_for;
         let shed = LoadShed::new(2, 0.5, true);
         let request = |priority| {
             let mut request = Request::new(Body::empty());
@@ -233,7 +233,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_caller_over_its_share_gets_429_and_others_still_get_in() {
-        use crate::pipeline::context::tests::context_on;
+        use crate::pipeline::resolve::tests::context_on;
         let config = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n\n\
                       [[routes]]\nprefix = \"/\"\nupstream = \"u\"\n";
         let shed = LoadShed::new(4, 0.0, false).with_caller_share(4, 0.5);

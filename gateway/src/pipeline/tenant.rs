@@ -9,7 +9,7 @@
 //!   `X-Forwarded-For` only from `server.trusted_proxies`.
 //!
 //! The caller is resolved once per request, into the request context
-//! ([`crate::pipeline::context`]).
+//! ([`crate::pipeline::resolve`]).
 //!
 //! With `[auth.jwt]`, a bearer value shaped like a JWT is verified as one instead
 //! ([`crate::pipeline::jwt`]); other bearer values are still API keys.
@@ -25,27 +25,16 @@
 //! Tenants come from the control plane's [`Directory`] snapshot (`portcullis-control`); this
 //! layer only reads it.
 
-use std::net::IpAddr;
-use std::sync::Arc;
-
 use axum::body::Body;
 use http::{header, HeaderName, HeaderValue, Response, StatusCode};
-use portcullis_control::{Directory, Tenant};
+use portcullis_control::Directory;
 use sha2::{Digest, Sha256};
 
 use portcullis_problem::Problem;
 
-use crate::pipeline::credentials::{X_API_KEY, X_PORTCULLIS_TENANT};
 use crate::pipeline::jwt::{JwtAuth, JwtError, Verified};
-
-/// The resolved caller, part of the request context.
-#[derive(Debug, Clone)]
-pub enum Caller {
-    /// An authenticated tenant.
-    Tenant(Arc<Tenant>),
-    /// No API key: limited by client IP.
-    Anonymous,
-}
+use crate::plumbing::context::Caller;
+use crate::plumbing::headers::{X_API_KEY, X_PORTCULLIS_TENANT};
 
 /// The caller a request's credentials name, its credential replaced by
 /// `X-Portcullis-Tenant` (see the module docs); `Err` is the 401 answer. Part of building the
@@ -126,37 +115,6 @@ fn jwt_caller(
             Err(err.into_response())
         }
     }
-}
-
-/// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, else the client
-/// address. An IPv6 client counts by its /64, the block one subscriber usually holds, so one
-/// host cannot pose as many callers by rotating addresses; an IPv4-mapped address counts as
-/// the IPv4 address. Read from the request context by the retry layer.
-pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    match (caller, client_ip.to_canonical()) {
-        (Caller::Tenant(tenant), _) => ("tenant", &tenant.id).hash(&mut hasher),
-        (Caller::Anonymous, IpAddr::V4(v4)) => ("ip4", v4).hash(&mut hasher),
-        (Caller::Anonymous, IpAddr::V6(v6)) => ("ip6/64", &v6.octets()[..8]).hash(&mut hasher),
-    }
-    hasher.finish()
-}
-
-/// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, and one key for all
-/// anonymous callers together. Client addresses are cheap (an IPv4 address each, an IPv6 /64
-/// by the billion), so counting each as a caller, as [`caller_key`] does for concurrency,
-/// would let one attacker pose as the `min_callers` distinct callers that open a breaker for
-/// every tenant; counted together, anonymous traffic is one caller and an outage must be seen
-/// by several tenants. Read from the request context by the retry layer.
-pub fn breaker_key(caller: &Caller) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    match caller {
-        Caller::Tenant(tenant) => ("tenant", &tenant.id).hash(&mut hasher),
-        Caller::Anonymous => "anonymous".hash(&mut hasher),
-    }
-    hasher.finish()
 }
 
 /// The API key and the header it came in: `X-API-Key` first, then `Authorization: Bearer`.
@@ -243,20 +201,6 @@ mod tests {
             presented_key(&basic).is_none(),
             "non-bearer Authorization is the backend's business"
         );
-    }
-
-    #[test]
-    fn caller_keys_tell_tenants_and_addresses_apart() {
-        let ip = |s: &str| caller_key(&Caller::Anonymous, s.parse().unwrap());
-        assert_eq!(ip("192.0.2.1"), ip("192.0.2.1"));
-        assert_ne!(ip("192.0.2.1"), ip("192.0.2.2"));
-        assert_eq!(ip("192.0.2.1"), ip("::ffff:192.0.2.1"), "mapped IPv4");
-        assert_eq!(
-            ip("2001:db8:1:2::1"),
-            ip("2001:db8:1:2:ffff::9"),
-            "same /64"
-        );
-        assert_ne!(ip("2001:db8:1:2::1"), ip("2001:db8:1:3::1"));
     }
 
     #[test]

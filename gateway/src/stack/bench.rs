@@ -15,8 +15,8 @@ use tower::ServiceExt;
 use super::{assemble, StackParts};
 use crate::config::Config;
 use crate::edge::listener::HttpService;
-use crate::edge::ops::Health;
-use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
+use crate::pipeline::health::Health;
+use crate::plumbing::client::{PeerAddr, TrustedProxies};
 use crate::upstream::proxy::ProxyError;
 
 /// The pipeline of `config` (memory backends expected), tenants in a SQLite file under `dir`,

@@ -17,10 +17,10 @@ use tower::ServiceExt;
 use super::{assemble, StackParts};
 use crate::config::Config;
 use crate::edge::listener::HttpService;
-use crate::edge::ops::Health;
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::tenant::Caller;
-use crate::upstream::forwarded::{PeerAddr, TrustedProxies};
+use crate::pipeline::health::Health;
+use crate::plumbing::client::{PeerAddr, TrustedProxies};
+use crate::plumbing::context::Caller;
+use crate::plumbing::context::RequestContext;
 use crate::upstream::proxy::{ProxyError, ProxyErrorKind};
 
 const CONFIG: &str = r#"

@@ -10,7 +10,7 @@ use portcullis_redis::{ConnectOptions, RedisClient};
 use super::stores::Stores;
 use crate::config::{self, Config, StateBackend};
 use crate::edge::listener::ServeOptions;
-use crate::{edge, pipeline, throttled_board};
+use crate::{edge, plumbing, throttled_board};
 
 /// Serves the admin listener until `stopped`: the same accept loop as the proxy listener,
 /// so it gets TLS (its own certificate), HTTP/2 and the same slow-client bounds, and the
@@ -23,7 +23,7 @@ pub(crate) async fn serve(
 ) {
     let service = edge::listener::HttpService::new(
         tower::ServiceBuilder::new()
-            .layer(pipeline::step::StepLayer::new(edge::framing::Smuggling))
+            .layer(plumbing::step::StepLayer::new(edge::framing::Smuggling))
             .service(app),
     );
     edge::listener::serve(listener, service, options, stopped).await;

@@ -16,9 +16,9 @@ use stores::Stores;
 
 use crate::config::{Config, IdempotencyBackend, StateBackend};
 use crate::edge::listener::ServeOptions;
-use crate::edge::ops::Health;
+use crate::pipeline::health::Health;
 use crate::upstream::proxy::Upstream;
-use crate::{banner, edge, pipeline, stack, telemetry, tls, upstream};
+use crate::{banner, edge, pipeline, plumbing, stack, telemetry, tls, upstream};
 use portcullis_redis::{ConnectOptions, RedisClient};
 use portcullis_retry::Dependency;
 
@@ -28,7 +28,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let metrics = pipeline::metrics::install();
+    let metrics = telemetry::observe::install();
     telemetry::export::install(&config.telemetry)?;
     let stores = Stores::open(&config).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -37,7 +37,7 @@ pub async fn run(
         0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         n => n,
     };
-    upstream::worker::set_count(workers);
+    plumbing::worker::set_count(workers);
     let (upstreams, dependencies) = upstreams(&config);
     // Names resolved (and endpoint files read) before the first request; then kept current.
     upstream::balance::start(&upstreams, &stop_rx).await;
@@ -88,7 +88,7 @@ pub async fn run(
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
     banner::print(&config);
 
-    let ops = edge::ops::router(health.clone(), metrics);
+    let ops = pipeline::health::router(health.clone(), metrics);
     let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
     let admin = tokio::spawn(admin::serve(
         admin_listener,

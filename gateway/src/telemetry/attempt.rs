@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::series::AttemptEnd;
 use super::traceparent::{format, TRACEPARENT, TRACESTATE};
 use super::Exchange;
-use crate::pipeline::context::RequestContext;
+use crate::plumbing::context::RequestContext;
 
 /// An upstream attempt in progress. Dropped without [`Attempt::end`] (the retry layer's
 /// attempt timeout, or the client left) it ends as `cancelled`.

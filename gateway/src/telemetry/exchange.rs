@@ -17,8 +17,8 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use rand::Rng;
 
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::metrics::RouteMetrics;
+use crate::plumbing::context::RequestContext;
+use crate::plumbing::route::RouteMetrics;
 
 use super::traceparent::{acceptable_tracestate, TraceParent, TRACEPARENT, TRACESTATE};
 use super::Telemetry;

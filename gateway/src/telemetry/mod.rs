@@ -30,6 +30,7 @@ mod attempt;
 mod exchange;
 pub mod export;
 pub mod fields;
+pub(crate) mod observe;
 pub mod series;
 mod traceparent;
 
@@ -38,7 +39,7 @@ use std::sync::Arc;
 use opentelemetry_sdk::trace::SdkTracer;
 
 use crate::config::Config;
-use crate::upstream::forwarded::TrustedProxies;
+use crate::plumbing::client::TrustedProxies;
 
 pub use access::write_access_lines_directly;
 pub(crate) use access::{AccessLine, Counted, ACCESS_TARGET};

@@ -7,6 +7,4 @@
 pub(crate) mod balance;
 pub mod demo;
 pub(crate) mod fleet;
-pub mod forwarded;
 pub mod proxy;
-pub(crate) mod worker;

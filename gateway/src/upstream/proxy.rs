@@ -26,12 +26,12 @@ use tower::Service;
 
 use crate::config::{LoadBalancer, UpstreamSettings};
 use crate::edge::hop_by_hop;
-use crate::pipeline::context::RequestContext;
-use crate::pipeline::held::UntilEnd;
+use crate::plumbing::context::RequestContext;
+use crate::plumbing::held::UntilEnd;
+use crate::plumbing::worker;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Picked, Probe};
-use crate::upstream::worker;
 use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
 
 mod client_body;

@@ -40,7 +40,10 @@ pub(super) fn idempotency(
     if raw.ttl.get() < MIN_IDEMPOTENCY_TTL {
         issues.push(
             format!("{path}.ttl"),
-            format!("= {}: must be at least 24h: clients may retry an operation for a day", raw.ttl),
+            format!(
+                "= {}: must be at least 24h: clients may retry an operation for a day",
+                raw.ttl
+            ),
         );
     }
     issues.range(format!("{path}.max_key_length"), raw.max_key_length, 1, 255);

@@ -10,8 +10,8 @@ use http::{header, HeaderMap, Request, Response};
 
 use super::head::Refusal;
 use super::REFUSAL_HEADER;
-use crate::pipeline::step::Step;
-use crate::upstream::forwarded::PeerAddr;
+use crate::plumbing::client::PeerAddr;
+use crate::plumbing::step::Step;
 use portcullis_problem::Problem;
 
 /// Refuses requests with conflicting framing headers (a `Step`).
@@ -103,7 +103,7 @@ pub fn conflict(headers: &HeaderMap) -> Option<Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::step::StepLayer;
+    use crate::plumbing::step::StepLayer;
     use http::{HeaderValue, StatusCode};
     use tower::Layer;
 

@@ -155,7 +155,7 @@ fn worker(
         Ok(runtime) => runtime,
         Err(err) => return tracing::error!(%err, index, "cannot start a worker's runtime"),
     };
-    crate::upstream::worker::set_index(index);
+    crate::plumbing::worker::set_index(index);
     runtime.block_on(async move {
         let listener = match TcpListener::from_std(socket) {
             Ok(listener) => listener,

@@ -16,8 +16,8 @@ use tower::ServiceExt;
 use super::activity::{Activity, InFlight};
 use super::stream::SendWait;
 use super::{ClientTls, HttpService};
-use crate::pipeline::held::{Both, HeldBody, UntilEnd};
-use crate::upstream::forwarded::PeerAddr;
+use crate::plumbing::client::PeerAddr;
+use crate::plumbing::held::{Both, HeldBody, UntilEnd};
 
 /// hyper's service for one connection.
 #[derive(Clone)]

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use crate::pipeline::held::Held;
+use crate::plumbing::held::Held;
 
 tokio::task_local! {
     /// The clock of the HTTP/2 stream whose task is being polled.

@@ -38,8 +38,8 @@ use http::{header, Request, Response, StatusCode, Uri};
 
 use self::host::HostError;
 use self::path::PathError;
-use crate::pipeline::step::Step;
-use crate::upstream::forwarded::PeerAddr;
+use crate::plumbing::client::PeerAddr;
+use crate::plumbing::step::Step;
 use portcullis_problem::Problem;
 
 /// Why a request target is refused.

@@ -6,7 +6,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 use super::*;
-use crate::pipeline::step::{StepLayer, StepService};
+use crate::plumbing::step::{StepLayer, StepService};
 use tower::{Layer, Service};
 
 /// What the inner service saw: (uri, Host values).

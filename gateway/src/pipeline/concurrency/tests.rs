@@ -8,8 +8,8 @@ use tower::{Layer, ServiceExt};
 
 use super::*;
 use crate::config::Config;
-use crate::pipeline::context::tests::context_on;
-use crate::pipeline::step::StepLayer;
+use crate::pipeline::resolve::tests::context_on;
+use crate::plumbing::step::StepLayer;
 
 const CONFIG: &str = r#"
 [[tenants]]

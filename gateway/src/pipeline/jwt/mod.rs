@@ -105,7 +105,7 @@ impl JwtAuth {
     /// The bearer JWT this request presents, if it is to be verified here: no `X-API-Key`
     /// (which wins), and an `Authorization: Bearer` value shaped like a JWT.
     pub(crate) fn presented<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        if headers.contains_key(&crate::pipeline::credentials::X_API_KEY) {
+        if headers.contains_key(&crate::plumbing::headers::X_API_KEY) {
             return None;
         }
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;

@@ -47,21 +47,8 @@ use http::{HeaderMap, Method};
 use self::index::{Group, PathRank};
 use self::rules::{host_key, MAX_HOST_LEN};
 use crate::config::RouteSettings;
-use crate::pipeline::metrics::RouteMetrics;
+use crate::plumbing::route::{Route, RouteMetrics};
 use portcullis_retry::{Dependency, RetryTarget};
-
-/// A configured route.
-#[derive(Debug)]
-pub struct Route {
-    /// Position in the configuration.
-    pub index: usize,
-    /// The validated settings.
-    pub settings: RouteSettings,
-    /// What the retry layer needs: the route's policy and its upstream's shared state.
-    pub retry: RetryTarget,
-    /// Request counters and latency, registered once.
-    pub metrics: RouteMetrics,
-}
 
 /// The configured routes, indexed by host and path.
 #[derive(Debug, Clone)]

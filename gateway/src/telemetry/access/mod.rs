@@ -26,7 +26,7 @@ use http_body::{Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::Exchange;
-use crate::pipeline::held::{hold_until_body_ends, Held};
+use crate::plumbing::held::{hold_until_body_ends, Held};
 
 mod text;
 

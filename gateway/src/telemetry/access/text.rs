@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime};
 use chrono::{DateTime, Datelike, Timelike, Utc};
 
 use super::AccessLine;
+use crate::plumbing::client::IpText;
 use crate::telemetry::traceparent::put_hex;
-use crate::upstream::forwarded::IpText;
 
 /// Set once at start-up when logs are human text without colour on stderr.
 static DIRECT: AtomicBool = AtomicBool::new(false);
@@ -209,10 +209,10 @@ mod tests {
 
     use super::*;
     use crate::config::{Config, ProcessEnv};
-    use crate::pipeline::held::Held;
+    use crate::plumbing::client::TrustedProxies;
+    use crate::plumbing::held::Held;
     use crate::telemetry::fields::{Captured, PlainFields};
     use crate::telemetry::{Exchange, Telemetry};
-    use crate::upstream::forwarded::TrustedProxies;
 
     fn exchange() -> Arc<Exchange> {
         let config = Config::parse(

@@ -9,10 +9,10 @@ use http::{HeaderMap, Request, Uri};
 use super::{ProxyError, ProxyErrorKind};
 use crate::config::PathRule;
 use crate::edge::listener::ClientTls;
-use crate::pipeline::context::RequestContext;
+use crate::plumbing::client::IpText;
+use crate::plumbing::client::{Client, CLIENT_ADDRESS_FIELDS};
+use crate::plumbing::context::RequestContext;
 use crate::upstream::balance::Address;
-use crate::upstream::forwarded::IpText;
-use crate::upstream::forwarded::{Client, CLIENT_ADDRESS_FIELDS};
 
 /// Rewrites the request for the chosen endpoint.
 pub(super) fn prepare(

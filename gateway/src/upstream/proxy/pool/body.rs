@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 
 use super::EndpointPool;
-use crate::pipeline::held::{Held, HeldBody};
+use crate::plumbing::held::{Held, HeldBody};
 
 /// An upstream's response body; a pooled one gives its connection back at its end.
 pub(crate) type UpstreamBody = HeldBody<Incoming, Option<Connection>>;

@@ -7,20 +7,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{HeaderName, HeaderValue, Method, Request, Response};
-use metrics::SharedString;
+use http::{HeaderValue, Method, Request, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use opentelemetry::KeyValue;
 use portcullis_idempotency::IdempotencyOutcome;
 use portcullis_ratelimit::RateLimitOutcome;
 
-use crate::edge::request_id::X_REQUEST_ID;
-use crate::pipeline::step::{Finish, Step};
-use crate::pipeline::tenant::Caller;
+use crate::plumbing::client::PeerAddr;
+use crate::plumbing::context::Caller;
+use crate::plumbing::route::RouteMetrics;
+use crate::plumbing::step::{Finish, Step};
 use crate::telemetry::{AccessLine, Counted, Exchange, Telemetry};
-use crate::upstream::forwarded::PeerAddr;
-
-static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+use portcullis_problem::headers::{IDEMPOTENCY_KEY, X_REQUEST_ID};
 
 /// Latency buckets in seconds: 100 µs to 30 s (the longest synchronous retry budget).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -195,61 +193,6 @@ impl Finish for Observed {
         line.idempotency = idempotency;
         line.idempotency_key = idempotency_key;
         line.attach(response)
-    }
-}
-
-/// Request metrics of one route, registered once: recording is then an atomic add, with no
-/// label formatting or registry lookup per request. Clones share them (one `Arc`).
-#[derive(Debug, Clone)]
-pub struct RouteMetrics(Arc<Registered>);
-
-#[derive(Debug)]
-struct Registered {
-    label: Arc<str>,
-    latency: metrics::Histogram,
-    /// One counter per status code 100..=599, registered on first use.
-    by_status: Box<[OnceLock<metrics::Counter>]>,
-}
-
-impl RouteMetrics {
-    /// Metrics labelled `route = label`.
-    pub fn new(label: Arc<str>) -> Self {
-        let latency = metrics::histogram!("http_request_duration_seconds", "route" => SharedString::from(label.clone()));
-        Self(Arc::new(Registered {
-            label,
-            latency,
-            by_status: (100..600).map(|_| OnceLock::new()).collect(),
-        }))
-    }
-
-    /// The `route` label.
-    pub fn label(&self) -> &str {
-        &self.0.label
-    }
-
-    /// The `route` label, shared.
-    pub(crate) fn label_arc(&self) -> Arc<str> {
-        self.0.label.clone()
-    }
-
-    /// Counts one answer with `status` that took `elapsed`.
-    pub fn record(&self, status: u16, elapsed: std::time::Duration) {
-        let this = &self.0;
-        this.latency.record(elapsed.as_secs_f64());
-        let Some(slot) = usize::from(status)
-            .checked_sub(100)
-            .and_then(|i| this.by_status.get(i))
-        else {
-            return;
-        };
-        slot.get_or_init(|| {
-            metrics::counter!(
-                "http_requests_total",
-                "route" => SharedString::from(this.label.clone()),
-                "status" => status.to_string()
-            )
-        })
-        .increment(1);
     }
 }
 

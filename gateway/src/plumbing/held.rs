@@ -11,7 +11,7 @@ use bytes::Buf;
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 
-use crate::pipeline::step::{Finish, Step};
+use crate::plumbing::step::{Finish, Step};
 
 /// What a [`HeldBody`] keeps. Its own `Drop` releases it: when the body is dropped, after
 /// the last frame or when the client goes away mid-body.

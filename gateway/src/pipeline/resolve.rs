@@ -14,50 +14,18 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use axum::body::Body;
-use http::{header, Extensions, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use portcullis_control::Directory;
 use portcullis_problem::Problem;
-use portcullis_retry::RetryTarget;
 
 use crate::pipeline::auth_failures::{self, AuthFailures};
 use crate::pipeline::jwt::JwtAuth;
-use crate::pipeline::router::{Lookup, Route, RouteRequest, RouteTable};
-use crate::pipeline::step::Step;
-use crate::pipeline::tenant::{self, Caller};
+use crate::pipeline::router::{Lookup, RouteRequest, RouteTable};
+use crate::pipeline::tenant;
+use crate::plumbing::client::{PeerAddr, TrustedProxies};
+use crate::plumbing::context::RequestContext;
+use crate::plumbing::step::Step;
 use crate::telemetry::{Exchange, Resolution};
-use crate::upstream::forwarded::{Client, PeerAddr, TrustedProxies};
-
-/// The resolved request; in request extensions (as an `Arc`) from [`Resolve`] on.
-#[derive(Debug)]
-pub struct RequestContext {
-    /// The route the request matched.
-    pub route: Arc<Route>,
-    /// Who is calling.
-    pub caller: Caller,
-    /// The client address the gateway believes, and whether the peer is a trusted proxy.
-    pub client: Client,
-}
-
-// === impl RequestContext ===
-
-impl RequestContext {
-    /// The context of a request, once [`Resolve`] has run.
-    pub fn of(extensions: &Extensions) -> Option<&Self> {
-        extensions.get::<Arc<Self>>().map(Arc::as_ref)
-    }
-
-    /// The retry layer's view (`RetryLayer::with_target`): the route's policy and upstream.
-    pub(crate) fn retry_target(extensions: &Extensions) -> Option<&RetryTarget> {
-        Self::of(extensions).map(|context| &context.route.retry)
-    }
-
-    /// The breaker's caller key (`RetryLayer::new`, see [`tenant::breaker_key`]): hashed only
-    /// for requests that reach the breaker. One shared key without a context (never in the
-    /// gateway's stack).
-    pub(crate) fn breaker_key(extensions: &Extensions) -> u64 {
-        Self::of(extensions).map_or(0, |context| tenant::breaker_key(&context.caller))
-    }
-}
 
 /// 405: a route matches everything but the method. `Allow` lists the methods that would
 /// (RFC 9110 §15.5.6), also as the problem's `allow` member.
@@ -204,8 +172,8 @@ pub(crate) mod tests {
     use super::RequestContext;
     use crate::config::{Config, Priority};
     use crate::pipeline::router::RouteTable;
-    use crate::pipeline::tenant::Caller;
-    use crate::upstream::forwarded::Client;
+    use crate::plumbing::client::Client;
+    use crate::plumbing::context::Caller;
 
     /// A context on the route of `config` (TOML) that `path` matches, for `caller` at `ip`.
     pub(crate) fn context_on(
