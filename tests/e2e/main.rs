@@ -84,8 +84,10 @@ mod auth_jwt;
 mod edge_credentials;
 // Start-up and shutdown messages: errors naming the field and the path once, banner after the listeners, one log stream, drain lines naming the listener.
 mod startup_messages;
-// The README's `sh test` blocks, verbatim, against the embedded default on its default ports.
+// The README's and docs pages' `sh test` blocks, verbatim, against the embedded default on its default ports; their relative links resolve.
 mod readme;
+// docs/configuration.md documents exactly the fields the configuration parser accepts.
+mod config_reference;
 // Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.
 mod upstream_health;
 // Attempt timeouts are outlier failures: an endpoint that stalls is ejected after its consecutive timeouts.
