@@ -86,6 +86,8 @@ mod edge_credentials;
 mod startup_messages;
 // The README's and docs pages' `sh test` blocks, verbatim, against the embedded default on its default ports; their relative links resolve.
 mod readme;
+// Rules over the repository's files: data-plane folders import only downward; sources cite only what the repository holds.
+mod repository;
 // docs/configuration.md documents exactly the fields the configuration parser accepts.
 mod config_reference;
 // Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.

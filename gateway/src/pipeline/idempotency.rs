@@ -196,7 +196,7 @@ pub fn extractor(config: &Config) -> ExtractSettings {
         let (tenant, replay_set_cookie) = match &context.caller {
             Caller::Tenant(tenant) => (tenant.id.clone(), template.replay_set_cookie),
             // Everyone behind one address shares this scope: a stored `Set-Cookie` would
-            // hand one user's session to the next (see the README, "Choices").
+            // hand one user's session to the next (docs/idempotency.md).
             Caller::Anonymous if template.methods.contains(&parts.method) => (
                 format!("{ANONYMOUS_SCOPE}{}", context.client.ip).into(),
                 false,

@@ -1,7 +1,7 @@
 //! In-flight counting for the gateway's concurrency limits: a counter with an RAII permit
 //! (the global load shedder, a tenant's `max_in_flight`) and a bounded per-caller table (a
 //! route's `max_in_flight`); the response body holds permits until its last byte
-//! (`pipeline::held`).
+//! (`plumbing::held`).
 //!
 //! A permit is released exactly once, by `Drop`: when the response body ends or is dropped,
 //! or, for a request that never produced a response (client gone, future dropped), with the

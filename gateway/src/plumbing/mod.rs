@@ -2,8 +2,8 @@
 //! written in, bodies that hold a permit until their last byte, who the client is, the request
 //! context and the route it carries, the header names only the gateway sets, and which worker
 //! a thread is. A leaf: it imports none of `edge`, `telemetry`, `upstream` or `pipeline`, so
-//! each of those can use it without running back up the layering (`stack/mod.rs` lists the
-//! order; `tests/e2e/layering.rs` holds it).
+//! each of those can use it without running back up the layering (docs/architecture.md gives
+//! the order; `tests/e2e/repository.rs` holds it).
 
 pub mod client;
 pub mod context;

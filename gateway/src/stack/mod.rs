@@ -1,6 +1,6 @@
 //! The request pipeline in request-path order, one line per layer. Each layer is its own
 //! module; no layer reaches into another's state — policy travels in request extensions.
-//! The gateway's own small layers are `pipeline::step::Step`s, made tower layers by the one
+//! The gateway's own small layers are `plumbing::step::Step`s, made tower layers by the one
 //! generic `StepLayer`.
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //!
 //! # How a request is observed
 //!
-//! The observe step (`pipeline::metrics::Observe`, outermost of the request layers) opens an
+//! The observe step (`telemetry::observe::Observe`, outermost of the request layers) opens an
 //! [`Exchange`] per request: the trace it belongs to, the server span when spans are
 //! exported, and counters the upstream attempts fill in. It rides in request extensions (an
 //! `Arc`, cloned into every attempt). The proxy starts an [`Attempt`] per upstream attempt:

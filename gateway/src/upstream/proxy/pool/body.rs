@@ -1,5 +1,5 @@
 //! What a pooled response body holds: its connection, given back to the pool when the body
-//! ends (the shared body wrapper, `pipeline::held`, says when).
+//! ends (the shared body wrapper, `plumbing::held`, says when).
 
 use std::sync::Arc;
 
