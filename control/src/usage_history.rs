@@ -339,6 +339,10 @@ pub(crate) fn fleet_top(
     (replicas, top)
 }
 
+mod redis_board;
+
+pub use redis_board::RedisBoard;
+
 #[cfg(test)]
 mod tests {
     use super::*;

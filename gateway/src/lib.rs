@@ -41,7 +41,6 @@ pub use stack::bench::pipeline as bench_pipeline;
 #[doc(hidden)]
 pub use upstream::balance::bench::BenchSet as BenchBalance;
 mod start;
-mod throttled_board;
 pub mod tls;
 pub(crate) mod upstream;
 

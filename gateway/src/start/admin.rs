@@ -10,7 +10,7 @@ use portcullis_redis::{ConnectOptions, RedisClient};
 use super::stores::Stores;
 use crate::config::{self, Config, StateBackend};
 use crate::edge::listener::ServeOptions;
-use crate::{edge, plumbing, throttled_board};
+use crate::{edge, plumbing};
 
 /// Serves the admin listener until `stopped`: the same accept loop as the proxy listener,
 /// so it gets TLS (its own certificate), HTTP/2 and the same slow-client bounds, and the
@@ -63,7 +63,7 @@ pub(crate) fn router(
         StateBackend::RedisCluster(nodes) => RedisClient::cluster(nodes, &options).ok(),
     };
     let throttled_board = board_client.map(|client| {
-        Arc::new(throttled_board::RedisBoard::new(client))
+        Arc::new(portcullis_control::usage_history::RedisBoard::new(client))
             as Arc<dyn portcullis_control::usage_history::ThrottledBoard>
     });
     ops.merge(admin::router(admin::AdminContext {

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use portcullis_control::usage_history::{BoardError, ThrottledBoard, PUBLISH_EVERY};
+use super::{BoardError, ThrottledBoard, PUBLISH_EVERY};
 use portcullis_ratelimit::{Clock, SystemClock};
 use portcullis_redis::{RedisClient, RedisConnection};
 use serde::{Deserialize, Serialize};
@@ -32,13 +32,14 @@ struct Entry {
 }
 
 /// [`ThrottledBoard`] over the state store's Redis.
-pub(crate) struct RedisBoard {
+pub struct RedisBoard {
     client: RedisClient,
     conn: OnceCell<RedisConnection>,
 }
 
 impl RedisBoard {
-    pub(crate) fn new(client: RedisClient) -> Self {
+    /// A board in the Redis (or Redis Cluster) `client` connects to, connecting on first use.
+    pub fn new(client: RedisClient) -> Self {
         Self {
             client,
             conn: OnceCell::new(),
