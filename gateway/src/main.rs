@@ -81,7 +81,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        Config::parse(&text, &ProcessEnv)?;
+        let parsed = Config::parse(&text, &ProcessEnv)?;
+        for renamed in &parsed.renamed {
+            eprintln!("warning: {renamed}");
+        }
         print!("{}", config::effective_toml(&text)?);
         eprintln!("configuration OK: {}", file.display());
         return Ok(());

@@ -11,7 +11,7 @@ use crate::common::{single_route_config, still_serving, BIN};
 
 fn hostile_config(upstream: &ScriptedUpstream) -> String {
     format!(
-        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\nheader_read_timeout = \"1s\"\nbody_read_timeout = \"1s\"\nmax_in_flight = 50\n\n{}",
+        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\nheader_read_timeout = \"1s\"\nbody_read_timeout = \"1s\"\nload_shed_limit = 50\n\n{}",
         single_route_config(&upstream.url(), "")
     )
 }

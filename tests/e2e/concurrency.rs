@@ -132,11 +132,11 @@ fn ok(response: &[u8]) -> bool {
 }
 
 #[tokio::test]
-async fn a_tenant_over_max_in_flight_gets_429_and_spends_no_rate_limit_token() {
+async fn a_tenant_over_its_concurrency_limit_gets_429_and_spends_no_rate_limit_token() {
     let gate = Gate::new();
     let upstream =
         ScriptedUpstream::start_with_fallback(vec![], Step::gated(&gate, Step::ok("done"))).await;
-    let tenants = tenant("acme", "max_in_flight = 2") + &tenant("other", "");
+    let tenants = tenant("acme", "concurrency_limit = 2") + &tenant("other", "");
     let gateway = GatewayProcess::start(BIN, &config(&upstream, "", &tenants, "")).await;
     let addr = gateway.addr;
 
@@ -177,7 +177,7 @@ async fn a_route_limit_counts_each_caller_apart() {
     let gate = Gate::new();
     let upstream =
         ScriptedUpstream::start_with_fallback(vec![], Step::gated(&gate, Step::ok("done"))).await;
-    let routes = "[[routes]]\nprefix = \"/export\"\nupstream = \"u\"\nmax_in_flight = 1\n";
+    let routes = "[[routes]]\nprefix = \"/export\"\nupstream = \"u\"\nconcurrency_per_caller = 1\n";
     let gateway =
         GatewayProcess::start(BIN, &config(&upstream, "", &tenant("acme", ""), routes)).await;
     let addr = gateway.addr;
@@ -265,7 +265,7 @@ async fn critical_routes_are_served_from_the_reserve_when_normal_ones_are_shed()
     let upstream =
         ScriptedUpstream::start_with_fallback(vec![], Step::gated(&gate, Step::ok("done"))).await;
     // One anonymous caller fills the server-wide cap here: no per-caller share.
-    let server = "max_in_flight = 2\ncritical_reserve = 0.5\ncaller_share = 1.0";
+    let server = "load_shed_limit = 2\ncritical_reserve = 0.5\ncaller_share = 1.0";
     let routes = "[[routes]]\nprefix = \"/critical\"\nupstream = \"u\"\npriority = \"critical\"\n";
     let gateway = GatewayProcess::start(BIN, &config(&upstream, server, "", routes)).await;
     let addr = gateway.addr;

@@ -38,8 +38,8 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
         ),
         ("[server]\nlisten = \"nowhere\"\n".into(), "server.listen"),
         (
-            "[server]\nmax_in_flight = 0\n".into(),
-            "server.max_in_flight",
+            "[server]\nload_shed_limit = 0\n".into(),
+            "server.load_shed_limit",
         ),
         (
             "[server]\ncritical_reserve = 1.0\n".into(),
@@ -53,14 +53,14 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
         ),
         (
             format!(
-                "{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\nmax_in_flight = 0\n"
+                "{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\nconcurrency_per_caller = 0\n"
             ),
-            "routes[0].max_in_flight",
+            "routes[0].concurrency_per_caller",
         ),
         (
-            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_in_flight = 0\n"
+            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nconcurrency_limit = 0\n"
                 .into(),
-            "tenants[0].max_in_flight",
+            "tenants[0].concurrency_limit",
         ),
         (
             "[server]\nlisten_addr = \"127.0.0.1:1\"\n".into(),

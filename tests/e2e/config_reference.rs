@@ -29,6 +29,7 @@ listen = "127.0.0.1:8080"
 admin_listen = "127.0.0.1:8081"
 max_body_bytes = 1048576
 max_header_bytes = 16384
+load_shed_limit = 10000
 max_in_flight = 10000
 critical_reserve = 0.1
 caller_share = 0.5
@@ -73,6 +74,7 @@ per = "1s"
 burst = 1
 daily_quota = 1
 monthly_quota = 1
+concurrency_limit = 1
 max_in_flight = 1
 
 [auth]
@@ -150,6 +152,7 @@ idempotent = false
 strip_prefix = false
 retry = { max_retries = 1, base = "1s", cap = "2s", total = "5s", jitter = "full", body_replay_limit = 1 }
 idempotency = { methods = ["POST"], require_key = false, ttl = "24h", on_in_flight = "reject", wait_timeout = "10s", lease = "60s", max_key_length = 64, max_response_bytes = 1 }
+concurrency_per_caller = 1
 max_in_flight = 1
 priority = "normal"
 hedge = { after = "p95" }

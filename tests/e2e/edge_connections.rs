@@ -337,7 +337,7 @@ async fn a_client_that_stops_reading_is_disconnected_and_frees_its_slot() {
         &config(
             &upstream.url(),
             // One anonymous caller (loopback): no per-caller share.
-            "send_timeout = \"1s\"\nmax_in_flight = 1\ncaller_share = 1.0",
+            "send_timeout = \"1s\"\nload_shed_limit = 1\ncaller_share = 1.0",
             None,
         ),
     )

@@ -304,7 +304,7 @@ async fn stalled_h2_streams_of_one_tenant_leave_others_served_and_are_reset() {
     let (upstream, seen, _upstream_tasks) = firehose().await;
     let gateway = gateway(
         upstream,
-        &format!("max_in_flight = {MAX_IN_FLIGHT}\nsend_timeout = \"1s\""),
+        &format!("load_shed_limit = {MAX_IN_FLIGHT}\nsend_timeout = \"1s\""),
     )
     .await;
     let attack = Arc::new(Attack {
@@ -390,7 +390,7 @@ async fn unread_h1_responses_of_one_tenant_leave_others_served_and_are_released(
     let (upstream, seen, _upstream_tasks) = firehose().await;
     let gateway = gateway(
         upstream,
-        &format!("max_in_flight = {MAX_IN_FLIGHT}\nsend_timeout = \"1s\""),
+        &format!("load_shed_limit = {MAX_IN_FLIGHT}\nsend_timeout = \"1s\""),
     )
     .await;
     let addr = gateway.addr;
@@ -475,7 +475,7 @@ async fn buffers_full(seen: &Seen) {
 async fn memory_gateway(upstream: SocketAddr, extra: &str) -> (GatewayProcess, u32) {
     let mut gateway = gateway(
         upstream,
-        &format!("max_in_flight = 1000\ncaller_share = 1.0\nsend_timeout = \"600s\"\n{extra}"),
+        &format!("load_shed_limit = 1000\ncaller_share = 1.0\nsend_timeout = \"600s\"\n{extra}"),
     )
     .await;
     let pid = gateway.guard().pid();

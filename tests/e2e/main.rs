@@ -38,7 +38,7 @@ mod idempotency_shared;
 mod idempotency_postgres_pool;
 // Rate limiting: burst then 429, headers (draft t, violated-policies), cost, isolation, shadow, load shedding.
 mod ratelimit_headers;
-// Concurrency limits: tenant and per-route max_in_flight (429 concurrency-limited), priority shedding of normal routes first.
+// Concurrency limits: a tenant's concurrency_limit and a route's concurrency_per_caller (429 concurrency-limited), priority shedding of normal routes first.
 mod concurrency;
 // Rate limiting shared through Redis: replicas, outage modes, recovery.
 mod ratelimit_distributed;

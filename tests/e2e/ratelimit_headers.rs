@@ -211,7 +211,7 @@ async fn load_shedding_answers_503_at_once_over_the_cap() {
     )
     .await;
     let cap =
-        "[server]\nlisten = \"{listen}\"\nadmin_listen = \"{admin_listen}\"\nmax_in_flight = 2\ncaller_share = 1.0\n";
+        "[server]\nlisten = \"{listen}\"\nadmin_listen = \"{admin_listen}\"\nload_shed_limit = 2\ncaller_share = 1.0\n";
     let gateway = GatewayProcess::start(BIN, &config(&upstream.url(), "", cap)).await;
     let slow: Vec<_> = (0..2)
         .map(|_| {

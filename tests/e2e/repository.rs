@@ -60,7 +60,10 @@ fn crate_paths(line: &str) -> Vec<&str> {
             let group = group.split('}').next().unwrap_or("");
             names.extend(group.split(',').filter_map(|p| p.trim().split("::").next()));
         } else {
-            names.extend(rest.split(|c: char| !c.is_alphanumeric() && c != '_').next());
+            names.extend(
+                rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .next(),
+            );
         }
     }
     names
@@ -75,7 +78,10 @@ fn data_plane_folders_import_only_downward() {
             let text = std::fs::read_to_string(&file).unwrap();
             for (n, line) in text.lines().enumerate() {
                 for name in crate_paths(line) {
-                    let above = LAYERS.iter().position(|l| *l == name).is_some_and(|r| r > rank);
+                    let above = LAYERS
+                        .iter()
+                        .position(|l| *l == name)
+                        .is_some_and(|r| r > rank);
                     if above {
                         let file = file.strip_prefix(&src).unwrap_or(&file).display();
                         upward.push(format!("{file}:{}: {layer} -> {name}", n + 1));
@@ -93,7 +99,10 @@ fn data_plane_folders_import_only_downward() {
 
 #[test]
 fn the_layering_check_sees_both_import_forms() {
-    assert_eq!(crate_paths("use crate::pipeline::step::Step;"), ["pipeline"]);
+    assert_eq!(
+        crate_paths("use crate::pipeline::step::Step;"),
+        ["pipeline"]
+    );
     assert_eq!(
         crate_paths("use crate::{edge, pipeline::x, plumbing};"),
         ["edge", "pipeline", "plumbing"]
@@ -106,7 +115,10 @@ fn sources_cite_only_what_is_in_the_repository() {
     let root = root();
     let mut found = Vec::new();
     // This file and the readme test list the phrases themselves.
-    let lists = [root.join("tests/e2e/repository.rs"), root.join("tests/e2e/readme.rs")];
+    let lists = [
+        root.join("tests/e2e/repository.rs"),
+        root.join("tests/e2e/readme.rs"),
+    ];
     for file in rust_files(&root).into_iter().filter(|f| !lists.contains(f)) {
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
@@ -119,5 +131,9 @@ fn sources_cite_only_what_is_in_the_repository() {
             }
         }
     }
-    assert!(found.is_empty(), "citations of what the repository does not hold:\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "citations of what the repository does not hold:\n{}",
+        found.join("\n")
+    );
 }

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use super::{BoardError, ThrottledBoard, PUBLISH_EVERY};
+use async_trait::async_trait;
 use portcullis_ratelimit::{Clock, SystemClock};
 use portcullis_redis::{RedisClient, RedisConnection};
 use serde::{Deserialize, Serialize};

@@ -96,6 +96,8 @@ pub fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
 /// The effective configuration as TOML, defaults filled in and secrets redacted.
 pub fn effective_toml(text: &str) -> Result<String, ConfigError> {
     let mut raw = parse_raw(text)?;
+    // Printed under the current names (a clash was refused by the validation before this).
+    raw::renamed::apply(&mut raw);
     for tenant in &mut raw.tenants {
         for key in &mut tenant.api_keys {
             *key = "<redacted>".into();

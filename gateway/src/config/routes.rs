@@ -21,7 +21,7 @@ use matchers::{headers, hosts, methods};
 use path::{rewrite, route_path};
 use portcullis_retry::RetryPolicy;
 
-/// Largest per-caller `routes[].max_in_flight` (the global cap's own ceiling).
+/// Largest `routes[].concurrency_per_caller` (the global cap's own ceiling).
 pub const MAX_ROUTE_IN_FLIGHT: u32 = 1_000_000;
 
 /// Longest route `timeout`: the contract's bound on a synchronous call's total duration.
@@ -65,8 +65,13 @@ fn route(
     let rewrite = rewrite(path, r, &rule, issues);
     let upstream = upstream_index(path, r, raw, issues);
     issues.range(format!("{path}.cost"), r.cost, 1, 1_000_000);
-    if let Some(n) = r.max_in_flight {
-        issues.range(format!("{path}.max_in_flight"), n, 1, MAX_ROUTE_IN_FLIGHT);
+    if let Some(n) = r.concurrency_per_caller {
+        issues.range(
+            format!("{path}.concurrency_per_caller"),
+            n,
+            1,
+            MAX_ROUTE_IN_FLIGHT,
+        );
     }
     let priority = priority(path, r, issues);
     let retry = retry(path, r, upstreams.get(upstream), issues);
@@ -90,7 +95,7 @@ fn route(
         rewrite,
         retry,
         idempotency,
-        max_in_flight: r.max_in_flight,
+        concurrency_per_caller: r.concurrency_per_caller,
         priority,
     }
 }

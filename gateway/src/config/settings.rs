@@ -84,6 +84,9 @@ pub struct Config {
     pub auth: AuthSettings,
     /// How endpoint host names are resolved.
     pub discovery: DiscoverySettings,
+    /// Fields given by a deprecated name (logged as warnings at start-up and by
+    /// `check-config`).
+    pub renamed: Vec<super::raw::renamed::Renamed>,
 }
 
 /// Validated `[server]`.
@@ -97,8 +100,8 @@ pub struct ServerSettings {
     pub max_body_bytes: u64,
     /// Request head limit.
     pub max_header_bytes: usize,
-    /// Load-shedding cap.
-    pub max_in_flight: usize,
+    /// Requests in flight above which new ones are shed (503).
+    pub load_shed_limit: usize,
     /// Share of the cap only critical routes may use; not held back when no route is
     /// critical (`pipeline::shed`).
     pub critical_reserve: f64,
@@ -228,8 +231,8 @@ pub struct TenantSettings {
     pub daily_quota: Option<u64>,
     /// Requests per UTC month.
     pub monthly_quota: Option<u64>,
-    /// Requests in flight at once (per replica).
-    pub max_in_flight: Option<u64>,
+    /// Requests in flight at once (per replica); over it → 429.
+    pub concurrency_limit: Option<u64>,
 }
 
 /// A validated upstream.
@@ -336,19 +339,19 @@ pub struct RouteSettings {
     pub retry: Arc<RetryPolicy>,
     /// Idempotency, when enabled.
     pub idempotency: Option<IdempotencySettings>,
-    /// Requests of one caller in flight at once on this route.
-    pub max_in_flight: Option<u32>,
-    /// Whether the route may use the critical reserve of `server.max_in_flight`.
+    /// Requests of one caller in flight at once on this route; over it → 429.
+    pub concurrency_per_caller: Option<u32>,
+    /// Whether the route may use the critical reserve of `server.load_shed_limit`.
     pub priority: Priority,
 }
 
 /// A route's load-shedding priority (`priority` on a route).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Priority {
-    /// Shed once the normal share of `server.max_in_flight` is in flight.
+    /// Shed once the normal share of `server.load_shed_limit` is in flight.
     #[default]
     Normal,
-    /// Shed only at `server.max_in_flight` itself.
+    /// Shed only at `server.load_shed_limit` itself.
     Critical,
 }
 

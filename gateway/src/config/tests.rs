@@ -144,16 +144,16 @@ fn cross_references_and_formats_are_checked() {
         ("[server]\ncaller_share = nan", "server.caller_share"),
         ("[server]\nresponse_buffer_bytes = 1024", "server.response_buffer_bytes"),
         (
-            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nmax_in_flight = 0",
-            "routes[0].max_in_flight",
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nconcurrency_per_caller = 0",
+            "routes[0].concurrency_per_caller",
         ),
         (
             "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\npriority = \"urgent\"",
             "routes[0].priority",
         ),
         (
-            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_in_flight = 100001",
-            "tenants[0].max_in_flight",
+            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nconcurrency_limit = 100001",
+            "tenants[0].concurrency_limit",
         ),
     ];
     let base = "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n";
@@ -244,7 +244,7 @@ proptest::proptest! {
     /// Any value spliced into a known field is accepted or refused with that field's path.
     #[test]
     fn bad_values_name_their_field(value in "[a-z0-9\"]{0,12}", field in 0usize..5) {
-        let names = ["max_body_bytes", "max_in_flight", "listen", "shutdown_grace", "log_format"];
+        let names = ["max_body_bytes", "load_shed_limit", "listen", "shutdown_grace", "log_format"];
         let text = format!("[server]\n{} = {}\n", names[field], value);
         if let Err(e) = Config::parse(&text, &env()) {
             let shown = e.to_string();
@@ -406,4 +406,37 @@ fn adaptive_is_off_by_default_and_true_or_a_table_turns_it_on() {
     assert!(err.to_string().contains("rate"), "{err}");
     let err = Config::parse(&with("\"yes\""), &env()).unwrap_err();
     assert!(err.to_string().contains("upstreams[0].adaptive"), "{err}");
+}
+
+#[test]
+fn the_old_max_in_flight_names_still_work_with_a_warning() {
+    let text = "[server]\nmax_in_flight = 500\n\n[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_in_flight = 7\n\n[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9001\"]\n\n[[routes]]\nprefix = \"/\"\nupstream = \"u\"\nmax_in_flight = 3\n";
+    let config = Config::parse(text, &env()).unwrap();
+    assert_eq!(config.server.load_shed_limit, 500);
+    assert_eq!(config.tenants[0].concurrency_limit, Some(7));
+    assert_eq!(config.routes[0].concurrency_per_caller, Some(3));
+    let warnings: Vec<String> = config.renamed.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "server.max_in_flight is deprecated: use server.load_shed_limit (same meaning)",
+            "tenants[0].max_in_flight is deprecated: use tenants[0].concurrency_limit (same meaning)",
+            "routes[0].max_in_flight is deprecated: use routes[0].concurrency_per_caller (same meaning)",
+        ]
+    );
+    let effective = super::effective_toml(text).unwrap();
+    assert!(effective.contains("load_shed_limit = 500"), "{effective}");
+    assert!(!effective.contains("max_in_flight"), "{effective}");
+}
+
+#[test]
+fn an_old_and_a_new_name_together_are_refused() {
+    let err = Config::parse(
+        "[server]\nmax_in_flight = 500\nload_shed_limit = 600\n",
+        &env(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("server.max_in_flight"), "{err}");
+    assert!(err.contains("keep only server.load_shed_limit"), "{err}");
 }

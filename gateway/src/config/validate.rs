@@ -16,8 +16,18 @@ use portcullis_control::ENV_ADMIN_TOKEN;
 /// Largest `server.critical_reserve`: normal requests always keep a tenth of the cap.
 pub const MAX_CRITICAL_RESERVE: f64 = 0.9;
 
-pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigError> {
+pub(super) fn validate(mut raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigError> {
     let mut issues = Issues::default();
+    let (renamed, both) = raw::renamed::apply(&mut raw);
+    for clash in both {
+        issues.push(
+            clash.old,
+            format!(
+                "is the old name of {}, which is set too: keep only {}",
+                clash.new, clash.new
+            ),
+        );
+    }
 
     let server = server(&raw.server, &mut issues);
     let storage = storage(&raw.storage, &mut issues);
@@ -100,6 +110,7 @@ pub(super) fn validate(raw: RawConfig, env: &dyn Env) -> Result<Config, ConfigEr
         admin_token,
         auth,
         discovery: super::balance::discovery(&raw.discovery),
+        renamed,
     })
 }
 
@@ -122,7 +133,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         1024,
         1 << 20,
     );
-    issues.range("server.max_in_flight", raw.max_in_flight, 1, 1_000_000);
+    issues.range("server.load_shed_limit", raw.load_shed_limit, 1, 1_000_000);
     // Written out rather than `range`, which a NaN would pass.
     if !(0.0..=MAX_CRITICAL_RESERVE).contains(&raw.critical_reserve) {
         issues.push(
@@ -212,7 +223,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         admin_listen: socket_addr("server.admin_listen", &raw.admin_listen, issues),
         max_body_bytes: raw.max_body_bytes,
         max_header_bytes: raw.max_header_bytes,
-        max_in_flight: raw.max_in_flight,
+        load_shed_limit: raw.load_shed_limit,
         critical_reserve: raw.critical_reserve,
         caller_share: raw.caller_share,
         response_buffer_bytes: raw.response_buffer_bytes,
@@ -383,9 +394,9 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                     issues.range(format!("{path}.{name}"), q, 1, i64::MAX as u64);
                 }
             }
-            if let Some(n) = t.max_in_flight {
+            if let Some(n) = t.concurrency_limit {
                 let max = portcullis_control::MAX_TENANT_IN_FLIGHT;
-                issues.range(format!("{path}.max_in_flight"), n, 1, max);
+                issues.range(format!("{path}.concurrency_limit"), n, 1, max);
             }
             TenantSettings {
                 id: t.id.clone(),
@@ -393,7 +404,7 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                 bucket,
                 daily_quota: t.daily_quota,
                 monthly_quota: t.monthly_quota,
-                max_in_flight: t.max_in_flight,
+                concurrency_limit: t.concurrency_limit,
             }
         })
         .collect()

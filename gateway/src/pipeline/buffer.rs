@@ -7,7 +7,7 @@
 //! a chunked one) is streamed as it arrives, still under `server.body_read_timeout`: nginx
 //! spools such bodies to a temporary file, which this gateway does not do. gRPC calls are
 //! never buffered (as nginx's `grpc_pass`): a streaming call's request stays open while
-//! responses flow. Memory: at most `request_buffer_bytes × server.max_in_flight` bytes of
+//! responses flow. Memory: at most `request_buffer_bytes × server.load_shed_limit` bytes of
 //! request bodies are held at once (1 MiB × 10 000 by default in the worst case).
 
 use std::collections::VecDeque;

@@ -1,12 +1,12 @@
 //! Concurrency limits (Stripe's concurrent-requests limiter): how many requests one caller
 //! may have in flight at once, apart from how many it may start per second.
 //!
-//! - A tenant's `max_in_flight` (database, admin API, `[[tenants]]`) counts all its requests
+//! - A tenant's `concurrency_limit` (database, admin API, `[[tenants]]`) counts all its requests
 //!   on every route. The counter lives with the tenant in the directory snapshot and
 //!   survives reloads, so admission is one compare-and-swap on a tenant the request already
 //!   holds: no map, no lock. Every tenant request is counted, limited or not, so a limit set
 //!   through the admin API counts the requests already running when it arrives.
-//! - A route's `max_in_flight` counts one caller's requests on that route: the tenant, else
+//! - A route's `concurrency_per_caller` counts one caller's requests on that route: the tenant, else
 //!   the anonymous client address (an IPv6 client by its /64, as the breaker counts
 //!   callers). Callers are kept in a sharded table whose entries exist only while they have
 //!   requests in flight.
@@ -46,10 +46,10 @@ use crate::plumbing::step::{Finish, Step};
 /// The policy name in the problem and the headers.
 pub const CONCURRENCY_POLICY: &str = "concurrency";
 
-/// Enforces tenant and route `max_in_flight` (a [`Step`]; clones share the route tables).
+/// Enforces tenants' `concurrency_limit` and routes' `concurrency_per_caller` (a [`Step`]; clones share the route tables).
 #[derive(Debug, Clone)]
 pub(crate) struct Concurrency {
-    /// Per-caller tables of the routes that have a `max_in_flight`, by route index.
+    /// Per-caller tables of the routes that have a `concurrency_per_caller`, by route index.
     routes: Arc<[Option<Arc<KeyedCounts>>]>,
 }
 
@@ -58,7 +58,7 @@ pub(crate) struct Concurrency {
 pub(crate) enum Scope {
     Tenant,
     Route,
-    /// The caller's fair share of `server.max_in_flight` (`pipeline::fair_share`).
+    /// The caller's fair share of `server.load_shed_limit` (`pipeline::fair_share`).
     Caller,
 }
 
@@ -68,7 +68,10 @@ impl Concurrency {
         Self {
             routes: routes
                 .iter()
-                .map(|r| r.max_in_flight.map(|n| Arc::new(KeyedCounts::new(n))))
+                .map(|r| {
+                    r.concurrency_per_caller
+                        .map(|n| Arc::new(KeyedCounts::new(n)))
+                })
                 .collect(),
         }
     }
@@ -122,11 +125,11 @@ pub(crate) fn refuse(scope: Scope, limit: u64) -> Response<Body> {
     let (scope, detail) = match scope {
         Scope::Tenant => (
             "tenant",
-            format!("This tenant already has {limit} requests in flight, its limit (max_in_flight)."),
+            format!("This tenant already has {limit} requests in flight, its limit (concurrency_limit)."),
         ),
         Scope::Route => (
             "route",
-            format!("You already have {limit} requests in flight on this route, its limit per caller (max_in_flight)."),
+            format!("You already have {limit} requests in flight on this route, its limit per caller (concurrency_per_caller)."),
         ),
         Scope::Caller => (
             "caller",

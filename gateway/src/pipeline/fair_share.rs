@@ -1,13 +1,13 @@
-//! Fair shares of `server.max_in_flight`: no single caller can hold the last slots.
+//! Fair shares of `server.load_shed_limit`: no single caller can hold the last slots.
 //!
 //! A caller is a tenant, else an anonymous client address (an IPv6 client by its /64:
 //! [`tenant::caller_key`](crate::pipeline::tenant::caller_key)). Two rules, checked by the
 //! load shedder before the server-wide cap:
 //!
-//! 1. **Cap**: one caller holds at most `⌊max_in_flight × server.caller_share⌋` requests at
+//! 1. **Cap**: one caller holds at most `⌊load_shed_limit × server.caller_share⌋` requests at
 //!    once (at least 1; default share 0.5), however idle the server is.
-//! 2. **Fair share under pressure**: once half of `max_in_flight` is in flight, a caller
-//!    that already holds `⌈max_in_flight / callers with requests in flight⌉` gets no more
+//! 2. **Fair share under pressure**: once half of `load_shed_limit` is in flight, a caller
+//!    that already holds `⌈load_shed_limit / callers with requests in flight⌉` gets no more
 //!    until one of its requests ends. A lone caller keeps the cap of rule 1; each caller
 //!    that arrives tightens everyone's share, so the slots left go to those holding fewer.
 //!
@@ -18,7 +18,7 @@
 //!
 //! `caller_share = 1.0` turns both rules off (no table, no hashing). Otherwise the table
 //! holds one entry per caller with a request in flight (removed at zero, as
-//! `in_flight::KeyedCounts` does), so at most `max_in_flight` entries plus the requests
+//! `in_flight::KeyedCounts` does), so at most `load_shed_limit` entries plus the requests
 //! being admitted: memory is bounded by the cap. The cost on the request path is one
 //! caller-key hash and one short critical section on one of 64 shards.
 //!
@@ -32,7 +32,7 @@ use crate::pipeline::in_flight::{KeyedCounts, KeyedPermit};
 /// Per-caller admission against the server's cap (see the module docs).
 #[derive(Debug)]
 pub(crate) struct FairShare {
-    max_in_flight: u64,
+    load_shed_limit: u64,
     /// Rule 2 applies from this many requests in flight (half the cap).
     pressure_from: u64,
     /// Rule 1's cap.
@@ -44,18 +44,18 @@ pub(crate) struct FairShare {
 // === impl FairShare ===
 
 impl FairShare {
-    /// Shares of `max_in_flight`, each caller at most `caller_share` of it; `None` when
+    /// Shares of `load_shed_limit`, each caller at most `caller_share` of it; `None` when
     /// `caller_share` is 1.0 or more (no fairness).
-    pub(crate) fn new(max_in_flight: usize, caller_share: f64) -> Option<Self> {
+    pub(crate) fn new(load_shed_limit: usize, caller_share: f64) -> Option<Self> {
         if caller_share.is_nan() || caller_share >= 1.0 {
             return None;
         }
-        let max = u64::try_from(max_in_flight).unwrap_or(u64::MAX).max(1);
+        let max = u64::try_from(load_shed_limit).unwrap_or(u64::MAX).max(1);
         // Truncation is the rounding down intended; the 1e-9 absorbs a product meant whole.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let cap = ((max as f64) * caller_share.max(0.0) + 1e-9).floor() as u64;
         Some(Self {
-            max_in_flight: max,
+            load_shed_limit: max,
             pressure_from: max.div_ceil(2),
             cap: cap.clamp(1, max),
             callers: Arc::new(KeyedCounts::new(u32::MAX)),
@@ -80,7 +80,7 @@ impl FairShare {
         let permit = self.callers.try_acquire_if(caller, |count, callers| {
             if pressure && count > 0 {
                 // `callers` includes this one (it has a request in flight).
-                limit = limit.min(fair_share(self.max_in_flight, callers));
+                limit = limit.min(fair_share(self.load_shed_limit, callers));
             }
             u64::from(count) < limit
         });

@@ -1,6 +1,6 @@
 //! In-flight counting for the gateway's concurrency limits: a counter with an RAII permit
-//! (the global load shedder, a tenant's `max_in_flight`) and a bounded per-caller table (a
-//! route's `max_in_flight`); the response body holds permits until its last byte
+//! (the global load shedder, a tenant's `concurrency_limit`) and a bounded per-caller table (a
+//! route's `concurrency_per_caller`); the response body holds permits until its last byte
 //! (`plumbing::held`).
 //!
 //! A permit is released exactly once, by `Drop`: when the response body ends or is dropped,
@@ -44,7 +44,7 @@ const SHARDS: usize = 64;
 
 /// In-flight requests per caller key, at most `limit` each. An entry exists only while its
 /// caller has a request in flight (removed at zero), so the table never holds more entries
-/// than requests in flight, which `server.max_in_flight` bounds.
+/// than requests in flight, which `server.load_shed_limit` bounds.
 #[derive(Debug)]
 pub(crate) struct KeyedCounts {
     limit: u32,

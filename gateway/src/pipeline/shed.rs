@@ -4,10 +4,10 @@
 //!
 //! # Priority
 //!
-//! Routes marked `priority = "critical"` keep a reserved share of `server.max_in_flight`
+//! Routes marked `priority = "critical"` keep a reserved share of `server.load_shed_limit`
 //! (`server.critical_reserve`, default 0.1): other requests are shed once
-//! `max_in_flight − ⌊max_in_flight × critical_reserve⌋` are in flight, critical ones only at
-//! `max_in_flight`. Both count on the one counter, so the cap itself is never exceeded and
+//! `load_shed_limit − ⌊load_shed_limit × critical_reserve⌋` are in flight, critical ones only at
+//! `load_shed_limit`. Both count on the one counter, so the cap itself is never exceeded and
 //! critical traffic may use the whole of it. When no route is critical nothing is held back:
 //! a reserve nobody can use would only shed normal traffic early. Envoy's overload manager
 //! and Netflix's concurrency limiter partition the same way (lower priorities shed first).
@@ -18,7 +18,7 @@
 //! # Fair shares
 //!
 //! Before the cap, each caller's own count is checked ([`crate::pipeline::fair_share`]):
-//! one caller holds at most `server.caller_share` of `max_in_flight`, and past half of it
+//! one caller holds at most `server.caller_share` of `load_shed_limit`, and past half of it
 //! no more than its fair share; over that it gets 429 `concurrency-limited`, not 503.
 
 use std::sync::atomic::AtomicU64;
@@ -56,17 +56,17 @@ pub(crate) struct LoadShed {
 pub(crate) struct Caps {
     /// Normal-priority requests are admitted while fewer than this are in flight.
     pub(crate) normal: u64,
-    /// Critical requests are admitted while fewer than this (`max_in_flight`) are.
+    /// Critical requests are admitted while fewer than this (`load_shed_limit`) are.
     pub(crate) critical: u64,
 }
 
 impl Caps {
-    /// The thresholds for `max_in_flight` with `reserve` of it kept for critical routes
+    /// The thresholds for `load_shed_limit` with `reserve` of it kept for critical routes
     /// (`any_critical = false`: nothing is kept). The reserve is rounded down to whole
     /// requests (a cap of 1 reserves nothing, so normal traffic is never refused outright);
     /// the 1e-9 absorbs a product such as `100 × 0.29 = 28.999…` that is meant whole.
-    pub(crate) fn new(max_in_flight: usize, reserve: f64, any_critical: bool) -> Self {
-        let critical = u64::try_from(max_in_flight).unwrap_or(u64::MAX);
+    pub(crate) fn new(load_shed_limit: usize, reserve: f64, any_critical: bool) -> Self {
+        let critical = u64::try_from(load_shed_limit).unwrap_or(u64::MAX);
         let reserve = if any_critical {
             reserve.clamp(0.0, 1.0)
         } else {
@@ -83,20 +83,20 @@ impl Caps {
 }
 
 impl LoadShed {
-    /// At most `max_in_flight` requests at once, the last `critical_reserve` share of them
+    /// At most `load_shed_limit` requests at once, the last `critical_reserve` share of them
     /// for critical routes when `any_critical`.
-    pub(crate) fn new(max_in_flight: usize, critical_reserve: f64, any_critical: bool) -> Self {
+    pub(crate) fn new(load_shed_limit: usize, critical_reserve: f64, any_critical: bool) -> Self {
         Self {
             in_flight: Arc::default(),
-            caps: Caps::new(max_in_flight, critical_reserve, any_critical),
+            caps: Caps::new(load_shed_limit, critical_reserve, any_critical),
             fair: None,
         }
     }
 
     /// The same, with no caller holding more than its share (`pipeline::fair_share`;
     /// `caller_share` 1.0: no limit per caller).
-    pub(crate) fn with_caller_share(mut self, max_in_flight: usize, caller_share: f64) -> Self {
-        self.fair = FairShare::new(max_in_flight, caller_share).map(Arc::new);
+    pub(crate) fn with_caller_share(mut self, load_shed_limit: usize, caller_share: f64) -> Self {
+        self.fair = FairShare::new(load_shed_limit, caller_share).map(Arc::new);
         self
     }
 }

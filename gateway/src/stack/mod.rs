@@ -108,15 +108,15 @@ where
         )) // bearer JWT → tenant (bad token → 401); most specific route by host, path, headers, method (else 405/404), client address, credentials of an address past auth.failure_limit → 429 unchecked, API key → tenant (bad key → 401, counted per address), else anonymous: the one RequestContext every later layer reads
         .layer(StepLayer::new(HoldBoth(
             LoadShed::new(
-                config.server.max_in_flight,
+                config.server.load_shed_limit,
                 config.server.critical_reserve,
                 config
                     .routes
                     .iter()
                     .any(|r| r.priority == Priority::Critical),
             )
-            .with_caller_share(config.server.max_in_flight, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
-            Concurrency::new(&config.routes), // tenant / per-caller route max_in_flight → 429 concurrency-limited at once, before any rate-limit token is spent
+            .with_caller_share(config.server.load_shed_limit, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
+            Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
         .layer(
             RateLimitLayer::new(

@@ -28,6 +28,9 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    for renamed in &config.renamed {
+        tracing::warn!("configuration: {renamed}");
+    }
     let metrics = telemetry::observe::install();
     telemetry::export::install(&config.telemetry)?;
     let stores = Stores::open(&config).await?;

@@ -61,7 +61,7 @@ pub(crate) fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed
             burst: t.bucket.burst,
             daily_quota: t.daily_quota,
             monthly_quota: t.monthly_quota,
-            max_in_flight: t.max_in_flight,
+            max_in_flight: t.concurrency_limit,
         })
         .collect()
 }

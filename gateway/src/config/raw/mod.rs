@@ -8,6 +8,7 @@ pub use super::balance::{
 };
 use super::duration::HumanDuration;
 
+pub mod renamed;
 mod route;
 mod upstream;
 
@@ -30,10 +31,10 @@ pub const DEFAULT_REQUEST_BUFFER_BYTES: u64 = 1024 * 1024;
 /// Default limit on the total size of request headers (16 KiB, nginx's large buffer size × 2).
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Default global in-flight cap before load shedding.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
-/// Default share of `server.max_in_flight` kept for `priority = "critical"` routes.
+pub const DEFAULT_LOAD_SHED_LIMIT: usize = 10_000;
+/// Default share of `server.load_shed_limit` kept for `priority = "critical"` routes.
 pub const DEFAULT_CRITICAL_RESERVE: f64 = 0.1;
-/// Default `server.caller_share`: one caller may hold at most half of `max_in_flight`.
+/// Default `server.caller_share`: one caller may hold at most half of `load_shed_limit`.
 pub const DEFAULT_CALLER_SHARE: f64 = 0.5;
 /// Default `server.response_buffer_bytes`: what one response may have buffered toward a
 /// slow client (64 KiB: about one HTTP/2 stream window, 65 535 bytes by default).
@@ -97,13 +98,17 @@ pub struct RawServer {
     pub max_body_bytes: u64,
     /// Largest accepted request head (request line + headers); larger → 431.
     pub max_header_bytes: usize,
-    /// Global concurrent-request cap; above it → 503 + Retry-After at once.
-    pub max_in_flight: usize,
-    /// Share of `max_in_flight` (0.0..=0.9) only `priority = "critical"` routes may use:
-    /// other requests are shed once `max_in_flight × (1 − critical_reserve)` are in flight.
+    /// Requests in flight on this replica above which new ones are shed: 503 + Retry-After
+    /// at once.
+    pub load_shed_limit: usize,
+    /// Deprecated name of `load_shed_limit`, accepted with a warning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<usize>,
+    /// Share of `load_shed_limit` (0.0..=0.9) only `priority = "critical"` routes may use:
+    /// other requests are shed once `load_shed_limit × (1 − critical_reserve)` are in flight.
     pub critical_reserve: f64,
-    /// Most of `max_in_flight` (0.0..=1.0) one caller (tenant, else client address, IPv6
-    /// by /64) may hold; past half of `max_in_flight` no more than its fair share. 1.0: off.
+    /// Most of `load_shed_limit` (0.0..=1.0) one caller (tenant, else client address, IPv6
+    /// by /64) may hold; past half of `load_shed_limit` no more than its fair share. 1.0: off.
     pub caller_share: f64,
     /// Bytes of one response held toward a client that reads slowly (HTTP/2 send buffer
     /// per stream, upstream read buffer); the rest waits in the upstream's flow control.
@@ -146,7 +151,8 @@ impl Default for RawServer {
             admin_listen: DEFAULT_ADMIN_LISTEN.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            load_shed_limit: DEFAULT_LOAD_SHED_LIMIT,
+            max_in_flight: None,
             critical_reserve: DEFAULT_CRITICAL_RESERVE,
             caller_share: DEFAULT_CALLER_SHARE,
             response_buffer_bytes: DEFAULT_RESPONSE_BUFFER_BYTES,
@@ -256,6 +262,9 @@ pub struct RawTenant {
     pub monthly_quota: Option<u64>,
     /// Requests of this tenant in flight at once (per replica); over it → 429.
     #[serde(default)]
+    pub concurrency_limit: Option<u64>,
+    /// Deprecated name of `concurrency_limit`, accepted with a warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u64>,
 }
 

@@ -80,9 +80,12 @@ pub struct RawRoute {
     /// Requests of one caller (tenant, else client address) in flight at once on this
     /// route; over it → 429.
     #[serde(default)]
+    pub concurrency_per_caller: Option<u32>,
+    /// Deprecated name of `concurrency_per_caller`, accepted with a warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
     /// `"normal"` (default) or `"critical"`: critical routes may use the share of
-    /// `server.max_in_flight` kept by `server.critical_reserve`.
+    /// `server.load_shed_limit` kept by `server.critical_reserve`.
     #[serde(default)]
     pub priority: Option<String>,
     /// Hedged first attempts for idempotent requests.

@@ -18,7 +18,7 @@ api_keys = ["acme-key-0001"]
 rate = 1000
 per = "1s"
 burst = 1000
-max_in_flight = 2
+concurrency_limit = 2
 
 [[tenants]]
 id = "other"
@@ -38,7 +38,7 @@ upstream = "u"
 [[routes]]
 prefix = "/export"
 upstream = "u"
-max_in_flight = 1
+concurrency_per_caller = 1
 "#;
 
 /// The tenants of [`CONFIG`] as the directory builds them.
