@@ -36,29 +36,42 @@ pub(super) fn routes(
     upstreams: &[UpstreamSettings],
     issues: &mut Issues,
 ) -> Vec<RouteSettings> {
-    // Name → the field that gave it, for the duplicate message.
+    // Name → the field that gave it, for the duplicate message; and how many unnamed routes
+    // share each path text (their default names would collide: see `route_name`).
     let mut names: HashMap<String, String> = HashMap::new();
+    let mut shared: HashMap<&str, usize> = HashMap::new();
+    for r in raw.routes.iter().filter(|r| r.name.is_none()) {
+        if let Some(text) = [&r.prefix, &r.exact, &r.pattern]
+            .into_iter()
+            .flatten()
+            .next()
+        {
+            *shared.entry(text.as_str()).or_default() += 1;
+        }
+    }
     raw.routes
         .iter()
         .enumerate()
         .map(|(i, r)| {
             let path = format!("routes[{i}]");
-            route(&path, r, raw, upstreams, &mut names, issues)
+            route(&path, r, raw, upstreams, &shared, &mut names, issues)
         })
         .collect()
 }
 
-/// One `[[routes]]` entry at `path` (`routes[i]`); `names`: the names of the routes before it.
+/// One `[[routes]]` entry at `path` (`routes[i]`); `names`: the names of the routes before
+/// it; `shared`: how many unnamed routes have each path text.
 fn route(
     path: &str,
     r: &RawRoute,
     raw: &RawConfig,
     upstreams: &[UpstreamSettings],
+    shared: &HashMap<&str, usize>,
     names: &mut HashMap<String, String>,
     issues: &mut Issues,
 ) -> RouteSettings {
     let rule = route_path(path, r, issues);
-    let name = route_name(path, r, &rule, names, issues);
+    let name = route_name(path, r, &rule, shared, names, issues);
     let hosts = hosts(&format!("{path}.hosts"), &r.hosts, issues);
     let methods = methods(&format!("{path}.methods"), &r.methods, issues);
     let headers = headers(&format!("{path}.headers"), &r.headers, issues);
@@ -102,10 +115,17 @@ fn route(
 
 /// The route's name (`name`, or by default the text of its path rule), reported when
 /// invalid or already taken by an earlier route in `names`, to which it is then added.
+///
+/// When several unnamed routes share a path text (`shared`), each of them that has hosts
+/// or methods is named by the path qualified by them (`/@api.example.com#GET,HEAD`), so
+/// routes on one path for different hosts or methods need no `name`, and a catch-all among
+/// them keeps the plain path. A path used once keeps the plain path as its name. Routes that
+/// differ only in `headers` still need a `name`.
 fn route_name(
     path: &str,
     r: &RawRoute,
     rule: &PathRule,
+    shared: &HashMap<&str, usize>,
     names: &mut HashMap<String, String>,
     issues: &mut Issues,
 ) -> String {
@@ -122,14 +142,22 @@ fn route_name(
             }
             (name.clone(), format!("{path}.name"))
         }
-        None => (rule.text().to_owned(), format!("{path}.{}", rule.field())),
+        None => {
+            let plain = rule.text().to_owned();
+            let name = match qualified(&plain, r) {
+                Some(qualified) if shared.get(plain.as_str()).is_some_and(|n| *n > 1) => qualified,
+                _ => plain,
+            };
+            (name, format!("{path}.{}", rule.field()))
+        }
     };
     if let Some(first) = names.get(&name) {
         let hint = if r.name.is_some() {
             String::new()
         } else {
             format!(
-                " (a route's name defaults to its {}; give one of them a `name`)",
+                " (a route's name defaults to its {}, qualified by its hosts and methods; \
+                 give one of them a `name`)",
                 rule.field()
             )
         };
@@ -145,6 +173,25 @@ fn route_name(
         names.insert(name.clone(), name_field);
     }
     name
+}
+
+/// `path` qualified by the route's hosts (`@a,b`) and methods (`#GET,HEAD`), lower- and
+/// upper-cased as they match; `None` when the route has neither, or the result would be
+/// longer than a name may be.
+fn qualified(path: &str, r: &RawRoute) -> Option<String> {
+    if r.hosts.is_empty() && r.methods.is_empty() {
+        return None;
+    }
+    let mut name = path.to_owned();
+    if !r.hosts.is_empty() {
+        let hosts: Vec<String> = r.hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        name = format!("{name}@{}", hosts.join(","));
+    }
+    if !r.methods.is_empty() {
+        let methods: Vec<String> = r.methods.iter().map(|m| m.to_ascii_uppercase()).collect();
+        name = format!("{name}#{}", methods.join(","));
+    }
+    (name.len() <= MAX_ROUTE_NAME_LEN && name.bytes().all(|b| b.is_ascii_graphic())).then_some(name)
 }
 
 /// The index of the `[[upstreams]]` entry the route names (0, reported, when none does).

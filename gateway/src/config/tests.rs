@@ -440,3 +440,29 @@ fn an_old_and_a_new_name_together_are_refused() {
     assert!(err.contains("server.max_in_flight"), "{err}");
     assert!(err.contains("keep only server.load_shed_limit"), "{err}");
 }
+
+#[test]
+fn routes_on_one_path_for_different_hosts_or_methods_need_no_name() {
+    let text = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9001\"]\n\n\
+        [[routes]]\nprefix = \"/\"\nhosts = [\"API.example.com\"]\nupstream = \"u\"\n\n\
+        [[routes]]\nprefix = \"/\"\nhosts = [\"admin.example.com\"]\nmethods = [\"get\", \"HEAD\"]\nupstream = \"u\"\n\n\
+        [[routes]]\nprefix = \"/\"\nupstream = \"u\"\n\n\
+        [[routes]]\nprefix = \"/orders\"\nhosts = [\"api.example.com\"]\nupstream = \"u\"\n";
+    let config = Config::parse(text, &env()).unwrap();
+    let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["/@api.example.com", "/@admin.example.com#GET,HEAD", "/", "/orders"],
+        "qualified only where the path is shared; the catch-all and a unique path stay plain"
+    );
+}
+
+#[test]
+fn routes_that_differ_only_in_headers_still_need_a_name() {
+    let text = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9001\"]\n\n\
+        [[routes]]\nprefix = \"/\"\nupstream = \"u\"\nheaders = [{ name = \"x-v\", value = \"2\" }]\n\n\
+        [[routes]]\nprefix = \"/\"\nupstream = \"u\"\n";
+    let err = Config::parse(text, &env()).unwrap_err().to_string();
+    assert!(err.contains("routes[1].prefix"), "{err}");
+    assert!(err.contains("give one of them a `name`"), "{err}");
+}

@@ -129,11 +129,18 @@ fn routing_errors_name_their_field() {
 
 #[test]
 fn route_names_default_to_the_path_and_must_be_unique() {
-    // Two routes on one prefix (different hosts) need a name for one of them.
+    // Two routes on one prefix for different hosts: the host-bound one's default name says
+    // its host; the catch-all keeps the path.
     let twice =
         "[[routes]]\nprefix = \"/orders\"\nhosts = [\"a.example.com\"]\nupstream = \"orders\"\n\
                  [[routes]]\nprefix = \"/orders\"\nupstream = \"orders\"";
-    assert_eq!(invalid_paths(&with_routes(twice)), ["routes[1].prefix"]);
+    let config = Config::parse(&with_routes(twice), &env()).unwrap();
+    assert_eq!(config.routes[0].name, "/orders@a.example.com");
+    assert_eq!(config.routes[1].name, "/orders");
+    // Twice the same path with nothing to tell them apart needs a name.
+    let same = "[[routes]]\nprefix = \"/orders\"\nupstream = \"orders\"\n\
+                [[routes]]\nprefix = \"/orders\"\nupstream = \"orders\"";
+    assert_eq!(invalid_paths(&with_routes(same)), ["routes[1].prefix"]);
     let named = twice.replacen(
         "prefix = \"/orders\"\nupstream",
         "name = \"orders-any\"\nprefix = \"/orders\"\nupstream",
