@@ -28,7 +28,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::{HeaderMap, Method};
 use portcullis_gateway::config::Config;
 use portcullis_gateway::router::{Lookup, RouteRequest, RouteTable};
-use portcullis_retry::{BreakerConfig, BudgetConfig, Dependency};
+use portcullis_retry::{BreakerConfig, BudgetConfig, UpstreamState};
 
 // dhat's allocator passes straight through to the system allocator unless a profiler runs.
 #[global_allocator]
@@ -60,7 +60,7 @@ fn table() -> RouteTable {
         ));
     }
     let config = Config::parse(&text, &HashMap::<String, String>::new()).unwrap();
-    let dependency = Arc::new(Dependency::new(
+    let dependency = Arc::new(UpstreamState::new(
         "u",
         1,
         false,

@@ -1,5 +1,5 @@
-//! `RetryLayer`: configuration shared by every [`Retry<S>`](crate::Retry) it builds (the
-//! `Layer` impl lives beside the service, so this module does not name it).
+//! `RetryLayer`: configuration shared by every [`Retry<S>`](crate::Retry) it builds, and the
+//! `Layer` that builds them.
 
 #[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc};
 
 use rand::{rngs::StdRng, SeedableRng};
 
-use super::{clock::WallClock, handoff::FindHandoff, RetryTarget};
+use super::{clock::WallClock, handoff::FindHandoff, service::Retry, RetryTarget};
 
 /// Tells whether a request holds the gateway's idempotency lock, from its extensions.
 pub type IsProtected = fn(&http::Extensions) -> bool;
@@ -137,5 +137,13 @@ impl Shared {
                 StdRng::seed_from_u64(seed.wrapping_add(next.fetch_add(1, Ordering::Relaxed)))
             }
         }
+    }
+}
+
+impl<S> tower::Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+
+    fn layer(&self, inner: S) -> Retry<S> {
+        Retry::new(inner, self.shared.clone())
     }
 }

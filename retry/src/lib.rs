@@ -13,7 +13,7 @@
 //! use std::sync::Arc;
 //!
 //! use portcullis_retry::{
-//!     BreakerConfig, BudgetConfig, Dependency, RetryLayer, RetryParams, RetryPolicy,
+//!     BreakerConfig, BudgetConfig, UpstreamState, RetryLayer, RetryParams, RetryPolicy,
 //!     RetryTarget, SystemWallClock,
 //! };
 //! use tower::Layer;
@@ -22,8 +22,8 @@
 //! struct Locked;
 //! # let upstream_client = ();
 //!
-//! // Start-up: one `Dependency` per upstream (its budget and breaker), a policy per route.
-//! let orders = Arc::new(Dependency::new(
+//! // Start-up: one `UpstreamState` per upstream (its budget and breaker), a policy per route.
+//! let orders = Arc::new(UpstreamState::new(
 //!     "orders", 2, false, BudgetConfig::default(), BreakerConfig::default(),
 //! ));
 //! let policy = Arc::new(RetryPolicy::try_new(RetryParams::default())?);
@@ -36,7 +36,7 @@
 //! let client = retry.layer(upstream_client);
 //! // The router tags each routed request; an untagged one is forwarded once, unbuffered.
 //! let mut request = http::Request::new(axum::body::Body::empty());
-//! let target = RetryTarget { policy, dependency: orders, idempotent_route: false, route_latency: None };
+//! let target = RetryTarget { policy, upstream: orders, idempotent_route: false, route_latency: None };
 //! request.extensions_mut().insert(target);
 //! # let _ = client;
 //! # Ok::<(), portcullis_retry::InvalidRetryConfig>(())
@@ -145,23 +145,18 @@
 //! `retry_budget_exhausted_total{dependency}`, `circuit_breaker_state{dependency}`
 //! (0 closed, 1 half-open, 2 open) and `circuit_breaker_rejected_total{dependency}`.
 
-mod adaptive;
 mod backoff;
 mod body;
-mod breaker;
-mod budget;
 mod classify;
 mod clock;
-mod dependency;
 mod error;
-mod exhausted;
 mod handoff;
 mod headers;
-mod latency;
 mod layer;
 mod metrics;
 mod policy;
 mod service;
+mod upstream;
 mod window;
 
 #[cfg(test)]
@@ -170,26 +165,28 @@ mod tests;
 use std::sync::Arc;
 
 pub use self::{
-    adaptive::{
-        fleet_share, AdaptiveConfig, AdaptiveThrottle, FleetReport, DEFAULT_LATENCY_TOLERANCE,
-        DEFAULT_MAX_WAIT, DEFAULT_MIN_RATE,
-    },
-    breaker::{BreakerConfig, DEFAULT_MIN_CALLERS},
-    budget::BudgetConfig,
     clock::{SystemWallClock, WallClock},
-    dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     handoff::{FindHandoff, Handoff},
     headers::{
         IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
     },
-    latency::{
-        Latency, Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER,
-        WINDOW as LATENCY_WINDOW,
-    },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
     service::Retry,
+    upstream::{
+        adaptive::{
+            fleet_share, AdaptiveConfig, AdaptiveThrottle, FleetReport, DEFAULT_LATENCY_TOLERANCE,
+            DEFAULT_MAX_WAIT, DEFAULT_MIN_RATE,
+        },
+        breaker::{BreakerConfig, DEFAULT_MIN_CALLERS},
+        budget::BudgetConfig,
+        latency::{
+            Latency, Percentiles, MIN_SAMPLES as LATENCY_MIN_SAMPLES, P99_MULTIPLIER,
+            WINDOW as LATENCY_WINDOW,
+        },
+        UpstreamState,
+    },
 };
 
 /// The policy and upstream of a request: a request extension, or found by the layer's
@@ -200,10 +197,10 @@ pub struct RetryTarget {
     /// Retry policy of the route/upstream.
     pub policy: Arc<RetryPolicy>,
     /// The upstream's shared state (budget, breaker, endpoint count).
-    pub dependency: Arc<Dependency>,
+    pub upstream: Arc<UpstreamState>,
     /// The route declares this request idempotent whatever its method (rung 2).
     pub idempotent_route: bool,
-    /// The route's own attempt latency ([`Dependency::route_latency`]), besides the
+    /// The route's own attempt latency ([`UpstreamState::route_latency`]), besides the
     /// upstream's; `None` keeps only the upstream's.
     pub route_latency: Option<Arc<Latency>>,
 }

@@ -34,7 +34,7 @@ pub(crate) enum Stop {
 
 /// The request-path metrics of one dependency (see the crate docs' "Observability").
 #[derive(Debug)]
-pub(crate) struct DependencyMetrics {
+pub(crate) struct UpstreamMetrics {
     label: SharedString,
     requests: Lazy<Counter>,
     attempts: Lazy<Counter>,
@@ -80,9 +80,9 @@ impl Stop {
     }
 }
 
-// === impl DependencyMetrics ===
+// === impl UpstreamMetrics ===
 
-impl DependencyMetrics {
+impl UpstreamMetrics {
     pub(crate) fn new(name: &Arc<str>) -> Self {
         Self {
             label: SharedString::from(name.clone()),

@@ -246,7 +246,7 @@ impl RetryPolicy {
 
     /// Time to wait for response headers of one attempt toward `dependency` (before the
     /// deadline clamp): fixed, or learned from its latency.
-    pub fn attempt_timeout_for(&self, dependency: &crate::Dependency) -> Duration {
+    pub fn attempt_timeout_for(&self, dependency: &crate::UpstreamState) -> Duration {
         match self.params.auto_attempt_timeout_floor {
             None => self.params.attempt_timeout,
             Some(floor) => {
@@ -257,7 +257,7 @@ impl RetryPolicy {
 
     /// When to hedge the first attempt toward `dependency`, if at all: the configured delay,
     /// or the configured quantile of its measured latency once known.
-    pub(crate) fn hedge_delay(&self, dependency: &crate::Dependency) -> Option<Duration> {
+    pub(crate) fn hedge_delay(&self, dependency: &crate::UpstreamState) -> Option<Duration> {
         match self.params.hedge_after? {
             HedgeAfter::Fixed(after) => Some(after),
             HedgeAfter::Quantile(q) => dependency.latency_quantile(q),

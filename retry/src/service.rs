@@ -14,16 +14,16 @@ use futures_util::future::{BoxFuture, Either, TryFutureExt};
 use http::{HeaderMap, Request, Response};
 use portcullis_problem::grpc::Pushback;
 use tokio::time::{sleep, Instant};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Service, ServiceExt};
 
 use super::{
     backoff::Backoff,
     classify::{self, AttemptOutcome},
-    dependency::Dependency,
     error::{FailureKind, RetryError, UpstreamFailure},
     headers::{IDEMPOTENCY_KEY, X_REQUEST_ID},
-    layer::{RetryLayer, Shared},
+    layer::Shared,
     metrics::Stop,
+    upstream::UpstreamState,
 };
 
 mod attempt;
@@ -43,16 +43,10 @@ pub struct Retry<S> {
     shared: Arc<Shared>,
 }
 
-// === impl RetryLayer ===
-
-impl<S> Layer<S> for RetryLayer {
-    type Service = Retry<S>;
-
-    fn layer(&self, inner: S) -> Retry<S> {
-        Retry {
-            inner,
-            shared: self.shared.clone(),
-        }
+impl<S> Retry<S> {
+    /// Wraps `inner`; built by [`RetryLayer`](crate::RetryLayer).
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
     }
 }
 
@@ -244,7 +238,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> &'a str {
 /// `retry_exhausted_total` counts the ones the policy's limits stopped (attempts,
 /// DNS attempts, deadline); the budget counts its own (`retry_budget_exhausted_total`)
 /// and every reason is in `retry_suppressed_total{dependency,reason}`.
-fn report(stop: Stop, dep: &Dependency, attempt: u32, error_type: &str, correlation_id: &str) {
+fn report(stop: Stop, dep: &UpstreamState, attempt: u32, error_type: &str, correlation_id: &str) {
     tracing::debug!(
         correlation_id,
         dependency = &**dep.name(),

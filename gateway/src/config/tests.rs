@@ -452,7 +452,12 @@ fn routes_on_one_path_for_different_hosts_or_methods_need_no_name() {
     let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(
         names,
-        ["/@api.example.com", "/@admin.example.com#GET,HEAD", "/", "/orders"],
+        [
+            "/@api.example.com",
+            "/@admin.example.com#GET,HEAD",
+            "/",
+            "/orders"
+        ],
         "qualified only where the path is shared; the catch-all and a unique path stay plain"
     );
 }

@@ -183,8 +183,11 @@ pub(crate) mod tests {
         ip: IpAddr,
     ) -> Arc<RequestContext> {
         let config = Config::parse(config, &HashMap::<String, String>::new()).unwrap();
-        let (_, dependencies) = crate::start::upstreams(&config);
-        let table = RouteTable::new(&config.routes, &dependencies);
+        let states: Vec<_> = crate::start::upstreams(&config)
+            .iter()
+            .map(|u| u.state().clone())
+            .collect();
+        let table = RouteTable::new(&config.routes, &states);
         let method = http::Method::GET;
         let headers = http::HeaderMap::new();
         let request = crate::pipeline::router::RouteRequest {

@@ -27,10 +27,9 @@ pub async fn pipeline(config: &Config, dir: &Path) -> Result<HttpService, crate:
     db.upsert_tenants(&crate::start::tenant_seeds(&config.tenants))
         .await?;
     let directory = Arc::new(Directory::open(&db).await?);
-    let (upstreams, dependencies) = crate::start::upstreams(config);
+    let upstreams = crate::start::upstreams(config);
     let parts = StackParts {
         upstreams,
-        dependencies,
         limiter: crate::pipeline::ratelimit::build_limiter(config)?,
         idempotency_store: crate::pipeline::idempotency::build_store(config, &directory).await?,
         directory,

@@ -36,15 +36,13 @@ use http::{Request, Response};
 use portcullis_control::Directory;
 use portcullis_idempotency::{IdempotencyLayer, IdempotencyLock, LateAnswer, Store};
 use portcullis_ratelimit::{Limiter, RateLimitLayer};
-use portcullis_retry::{Dependency, Handoff, RetryLayer, SystemWallClock};
+use portcullis_retry::{Handoff, RetryLayer, SystemWallClock};
 
 /// Everything the pipeline is built from.
 #[derive(Clone)]
 pub struct StackParts {
-    /// Upstream pools, indexed as in the configuration.
+    /// Upstreams (pools, balancers and their retry state), indexed as in the configuration.
     pub upstreams: Vec<Arc<Upstream>>,
-    /// Retry budget and breaker per upstream, indexed like `upstreams`.
-    pub dependencies: Vec<Arc<Dependency>>,
     /// Rate-limit decisions.
     pub limiter: Arc<dyn Limiter>,
     /// Idempotency records.
@@ -79,6 +77,7 @@ where
 {
     // `[auth.jwt]`: the verifier; its key refresher stops when the stack is dropped.
     let jwt = config.auth.jwt.clone().map(JwtAuth::start);
+    let states: Vec<_> = parts.upstreams.iter().map(|u| u.state().clone()).collect();
     // `auth.failure_limit`: failed authentications per client address, per replica.
     let failures =
         AuthFailures::new(config.auth.failure_limit, config.auth.failure_window).map(Arc::new);
@@ -99,7 +98,7 @@ where
         .option_layer(jwt.clone().map(JwtKeysLayer::new)) // a bearer JWT naming an unknown kid waits for one rate-limited JWKS refresh
         .layer(StepLayer::new(
             Resolve::new(
-                RouteTable::new(&config.routes, &parts.dependencies),
+                RouteTable::new(&config.routes, &states),
                 parts.directory.clone(),
                 trusted,
             )

@@ -136,10 +136,9 @@ async fn stack_with_directory() -> (HttpService, Log, tempfile::TempDir, Arc<Dir
         .await
         .unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());
-    let (upstreams, dependencies) = crate::start::upstreams(&config);
+    let upstreams = crate::start::upstreams(&config);
     let parts = StackParts {
         upstreams,
-        dependencies,
         limiter: crate::pipeline::ratelimit::build_limiter(&config).unwrap(),
         idempotency_store: crate::pipeline::idempotency::build_store(&config, &directory)
             .await

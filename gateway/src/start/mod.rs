@@ -20,7 +20,7 @@ use crate::pipeline::health::Health;
 use crate::upstream::proxy::Upstream;
 use crate::{banner, edge, pipeline, plumbing, stack, telemetry, tls, upstream};
 use portcullis_redis::{ConnectOptions, RedisClient};
-use portcullis_retry::Dependency;
+use portcullis_retry::UpstreamState;
 
 /// Starts everything the configuration asks for and serves until `shutdown` resolves; then
 /// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
@@ -41,7 +41,7 @@ pub async fn run(
         n => n,
     };
     plumbing::worker::set_count(workers);
-    let (upstreams, dependencies) = upstreams(&config);
+    let upstreams = upstreams(&config);
     // Names resolved (and endpoint files read) before the first request; then kept current.
     upstream::balance::start(&upstreams, &stop_rx).await;
 
@@ -64,12 +64,11 @@ pub async fn run(
             .map(|(u, settings)| (u.clone(), settings.retry.clone()))
             .collect(),
     ));
-    upstream::fleet::spawn(&config, &dependencies, stopped(&stop_rx))?;
+    upstream::fleet::spawn(&config, &upstreams, stopped(&stop_rx))?;
     let directory = stores.directory.clone();
     tokio::spawn(directory.keep_fresh(stores.db.clone(), stopped(&stop_rx)));
     let parts = stack::StackParts {
         upstreams,
-        dependencies,
         directory: stores.directory.clone(),
         idempotency_store: stores.idempotency.clone(),
         limiter: stores.limiter.clone(),
@@ -125,12 +124,12 @@ fn stopped(stop: &tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()
 }
 
 /// The pool and the retry state (budget, breaker) of every configured upstream, indexed alike.
-pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Dependency>>) {
+pub(crate) fn upstreams(config: &Config) -> Vec<Arc<Upstream>> {
     config
         .upstreams
         .iter()
         .map(|u| {
-            let dependency = Dependency::new(
+            let state = UpstreamState::new(
                 u.name.as_str(),
                 u.endpoints.len(),
                 u.dedupes_idempotency_keys,
@@ -138,16 +137,15 @@ pub(crate) fn upstreams(config: &Config) -> (Vec<Arc<Upstream>>, Vec<Arc<Depende
                 u.circuit_breaker,
             )
             .with_client_retry_window(u.client_retry_window);
-            let dependency = Arc::new(match u.adaptive {
-                Some(adaptive) => dependency.with_adaptive(adaptive),
-                None => dependency,
+            let state = Arc::new(match u.adaptive {
+                Some(adaptive) => state.with_adaptive(adaptive),
+                None => state,
             });
             let hosts_file = config.discovery.hosts_file.as_deref();
             let buffer = config.server.response_buffer_bytes;
-            let upstream = Upstream::new(u, hosts_file, dependency.clone(), buffer);
-            (Arc::new(upstream), dependency)
+            Arc::new(Upstream::new(u, hosts_file, state, buffer))
         })
-        .unzip()
+        .collect()
 }
 
 /// Open connections at most on the admin listener: apart from the proxy listener's cap, so

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis_redis::{ConnectOptions, RedisClient, RedisConnection};
-use portcullis_retry::{fleet_share, Dependency, FleetReport};
+use portcullis_retry::{fleet_share, FleetReport, UpstreamState};
+
+use crate::upstream::proxy::Upstream;
 use redis::Script;
 
 use crate::config::{Config, StateBackend};
@@ -53,11 +55,12 @@ return live
 /// nothing otherwise. Stops when `stop` resolves.
 pub(crate) fn spawn(
     config: &Config,
-    dependencies: &[Arc<Dependency>],
+    upstreams: &[Arc<Upstream>],
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), redis::RedisError> {
-    let adaptive: Vec<Arc<Dependency>> = dependencies
+    let adaptive: Vec<Arc<UpstreamState>> = upstreams
         .iter()
+        .map(|u| u.state())
         .filter(|d| d.adaptive().is_some())
         .cloned()
         .collect();
@@ -117,7 +120,7 @@ async fn sync(
     conn: &mut RedisConnection,
     script: &Script,
     replica: &str,
-    dependency: &Dependency,
+    dependency: &UpstreamState,
 ) -> Result<(), SyncError> {
     let Some(throttle) = dependency.adaptive() else {
         return Ok(());

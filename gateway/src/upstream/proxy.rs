@@ -32,7 +32,7 @@ use crate::plumbing::worker;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Picked, Probe};
-use portcullis_retry::{AttemptInfo, Dependency, PickedEndpoint, ServedBy};
+use portcullis_retry::{AttemptInfo, PickedEndpoint, ServedBy, UpstreamState};
 
 mod client_body;
 mod connector;
@@ -107,6 +107,11 @@ enum SendFailure {
 // === impl Upstream ===
 
 impl Upstream {
+    /// The retry layer's state of this upstream: budget, breaker, adaptive rate, latency.
+    pub fn state(&self) -> &Arc<UpstreamState> {
+        self.balancer.state()
+    }
+
     /// Builds the pool for validated settings.
     ///
     /// `response_buffer` (`server.response_buffer_bytes`) bounds what one response reads
@@ -115,7 +120,7 @@ impl Upstream {
     pub fn new(
         settings: &UpstreamSettings,
         hosts_file: Option<&std::path::Path>,
-        dependency: Arc<Dependency>,
+        state: Arc<UpstreamState>,
         response_buffer: usize,
     ) -> Self {
         let mut connector = resolver::http_connector();
@@ -144,7 +149,7 @@ impl Upstream {
             }
         };
         Self {
-            balancer: Balancer::new(settings, hosts_file, dependency),
+            balancer: Balancer::new(settings, hosts_file, state),
             client,
         }
     }

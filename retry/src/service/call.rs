@@ -12,18 +12,18 @@ use tokio::time::{timeout_at, Instant};
 use super::{deadline::Deadline, grpc_call::incoming_deadline};
 use crate::{
     body::Prepared,
-    breaker::BreakerPermit,
     classify::{RequestSafety, DNS_MAX_ATTEMPTS},
-    dependency::Dependency,
     error::RetryError,
     handoff::Handoff,
     headers::{
         attempt_value, format_deadline, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_RETRY_ATTEMPT,
     },
-    latency::Latency,
     layer::Shared,
     metrics::Stop,
     policy::RetryPolicy,
+    upstream::breaker::BreakerPermit,
+    upstream::latency::Latency,
+    upstream::UpstreamState,
     AttemptInfo, RetryTarget,
 };
 
@@ -31,7 +31,7 @@ use crate::{
 /// and what the policy and the client's deadline allow it.
 pub(super) struct Call {
     pub(super) policy: Arc<RetryPolicy>,
-    pub(super) dep: Arc<Dependency>,
+    pub(super) dep: Arc<UpstreamState>,
     pub(super) route_latency: Option<Arc<Latency>>,
     pub(super) parts: Parts,
     pub(super) body: Prepared,
@@ -74,7 +74,7 @@ impl Call {
     ) -> Result<(Self, Duration), RetryError<E>> {
         let RetryTarget {
             policy,
-            dependency: dep,
+            upstream: dep,
             idempotent_route,
             route_latency,
         } = target;

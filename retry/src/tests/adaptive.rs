@@ -4,16 +4,16 @@
 use super::*;
 
 /// An upstream whose throttle refuses at once (`max_wait = 0`) what is over its rate.
-fn adaptive_dependency() -> Arc<Dependency> {
+fn adaptive_dependency() -> Arc<UpstreamState> {
     let config = AdaptiveConfig::default()
         .with_max_wait(Duration::ZERO)
         .expect("valid");
     adaptive_dependency_with(config)
 }
 
-fn adaptive_dependency_with(config: AdaptiveConfig) -> Arc<Dependency> {
+fn adaptive_dependency_with(config: AdaptiveConfig) -> Arc<UpstreamState> {
     Arc::new(
-        Dependency::new(
+        UpstreamState::new(
             "orders",
             1,
             false,
@@ -41,7 +41,7 @@ async fn over_the_learned_rate_requests_are_refused_at_the_edge() {
         429
     );
     assert_eq!(f.upstream.hits(), 1);
-    let rate = f.target.dependency.adaptive().and_then(|t| t.rate());
+    let rate = f.target.upstream.adaptive().and_then(|t| t.rate());
     assert!(rate.is_some_and(|r| r > 0.0), "{rate:?}");
 
     // Right after it, the bucket is empty: refused, nothing sent, told when to come back.
@@ -94,7 +94,7 @@ async fn without_adaptive_nothing_is_refused() {
         );
     }
     assert_eq!(f.upstream.hits(), 50);
-    assert!(f.target.dependency.adaptive().is_none());
+    assert!(f.target.upstream.adaptive().is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -108,7 +108,7 @@ async fn connect_failures_do_not_teach_a_rate() {
         assert!(matches!(res, Err(RetryError::Upstream(_))), "{res:?}");
     }
     assert_eq!(f.upstream.hits(), 20);
-    assert_eq!(f.target.dependency.adaptive().and_then(|t| t.rate()), None);
+    assert_eq!(f.target.upstream.adaptive().and_then(|t| t.rate()), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -125,7 +125,7 @@ async fn over_the_rate_a_request_waits_for_its_token_within_max_wait() {
     );
     let rate = f
         .target
-        .dependency
+        .upstream
         .adaptive()
         .and_then(|t| t.rate())
         .expect("learned");

@@ -99,7 +99,7 @@ async fn a_keyed_retry_is_the_same_operation_whatever_its_body() {
 async fn a_zero_window_keeps_todays_behaviour() {
     let _trace = trace_init();
     let dep = Arc::new(
-        Dependency::new(
+        UpstreamState::new(
             "orders",
             1,
             false,

@@ -71,7 +71,7 @@ async fn no_copy_without_retry_budget() {
         ..RetryParams::default()
     };
     let budget = BudgetConfig::try_new(0, Duration::from_secs(30), 0).expect("budget");
-    let dep = Arc::new(Dependency::new(
+    let dep = Arc::new(UpstreamState::new(
         "orders",
         2,
         false,
@@ -132,7 +132,7 @@ async fn a_copy_needs_an_adaptive_token() {
         ..RetryParams::default()
     };
     let dep = Arc::new(
-        Dependency::new(
+        UpstreamState::new(
             "orders",
             2,
             false,

@@ -2,8 +2,8 @@
 //! circuit breaker opens and later closes through probes.
 
 use super::*;
-use crate::breaker::BreakerState;
 use crate::classify::BreakerOutcome;
+use crate::upstream::breaker::BreakerState;
 
 #[tokio::test(start_paused = true)]
 async fn budget_bounds_amplification_under_total_failure() {
@@ -19,7 +19,7 @@ async fn budget_bounds_amplification_under_total_failure() {
     )
     .expect("valid");
     let budget = BudgetConfig::default();
-    let dep = Arc::new(Dependency::new("orders", 1, false, budget, breaker));
+    let dep = Arc::new(UpstreamState::new("orders", 1, false, budget, breaker));
     let f = fixture_with([], RetryParams::default(), dep.clone());
     f.upstream.set_fallback(st(503));
 
@@ -59,7 +59,7 @@ async fn breaker_opens_on_sustained_failure_and_closes_after_probes() {
         ..RetryParams::default()
     };
     let f = fixture_with([], params, dependency(1, false));
-    let breaker = f.target.dependency.breaker().clone();
+    let breaker = f.target.upstream.breaker().clone();
     f.upstream.set_fallback(st(503));
 
     // 20 failed attempts (min_requests) at 100 % failure open it.
@@ -117,7 +117,7 @@ async fn retries_of_one_request_count_once() {
         1,
     )
     .expect("valid");
-    let dep = Arc::new(Dependency::new(
+    let dep = Arc::new(UpstreamState::new(
         "orders",
         1,
         false,
@@ -125,7 +125,7 @@ async fn retries_of_one_request_count_once() {
         breaker,
     ));
     let f = fixture_with([], RetryParams::default(), dep);
-    let breaker = f.target.dependency.breaker().clone();
+    let breaker = f.target.upstream.breaker().clone();
     f.upstream.set_fallback(st(503));
     assert_eq!(status(&f.send(f.request_from(1, Method::GET)).await), 503);
     assert_eq!(f.upstream.hits(), 4, "one request, four attempts");
@@ -140,7 +140,7 @@ async fn retries_of_one_request_count_once() {
 async fn retries_stop_when_the_breaker_opens() {
     let _trace = trace_init();
     let f = fixture([st_with(503, "retry-after", "5")]);
-    let breaker = f.target.dependency.breaker().clone();
+    let breaker = f.target.upstream.breaker().clone();
     f.upstream.set_fallback(st(200));
     let svc = f.svc.clone();
     let waiting = tokio::spawn(svc.oneshot(f.request_from(1, Method::GET)));
@@ -173,7 +173,7 @@ async fn retries_stop_when_the_breaker_opens() {
 async fn exhausted_budget_returns_the_original_response() {
     let _trace = trace_init();
     let budget = BudgetConfig::try_new(0, Duration::from_secs(30), 0).expect("valid");
-    let dep = Arc::new(Dependency::new(
+    let dep = Arc::new(UpstreamState::new(
         "orders",
         1,
         false,

@@ -216,8 +216,8 @@ pub(super) struct Fixture {
     pub(super) clock: Arc<ManualWallClock>,
 }
 
-pub(super) fn dependency(endpoints: usize, dedupes: bool) -> Arc<Dependency> {
-    Arc::new(Dependency::new(
+pub(super) fn dependency(endpoints: usize, dedupes: bool) -> Arc<UpstreamState> {
+    Arc::new(UpstreamState::new(
         "orders",
         endpoints,
         dedupes,
@@ -233,7 +233,7 @@ pub(super) fn fixture(script: impl IntoIterator<Item = Step>) -> Fixture {
 pub(super) fn fixture_with(
     script: impl IntoIterator<Item = Step>,
     params: RetryParams,
-    dep: Arc<Dependency>,
+    dep: Arc<UpstreamState>,
 ) -> Fixture {
     let upstream = Upstream::new(script);
     let clock = Arc::new(ManualWallClock::new(
@@ -245,7 +245,7 @@ pub(super) fn fixture_with(
         upstream,
         target: RetryTarget {
             policy: Arc::new(RetryPolicy::try_new(params).expect("valid policy")),
-            dependency: dep,
+            upstream: dep,
             idempotent_route: false,
             route_latency: None,
         },

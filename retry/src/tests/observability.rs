@@ -150,7 +150,7 @@ async fn exhaustion_budget_and_breaker_are_counted() {
     assert_eq!(capture.sum("retry_exhausted_total", &[DEP]), 1.0);
 
     let budget = BudgetConfig::try_new(0, Duration::from_secs(30), 0).expect("valid");
-    let dep = Arc::new(Dependency::new(
+    let dep = Arc::new(UpstreamState::new(
         "orders",
         1,
         false,
@@ -175,7 +175,7 @@ async fn exhaustion_budget_and_breaker_are_counted() {
         1,
     )
     .expect("valid");
-    let dep = Arc::new(Dependency::new(
+    let dep = Arc::new(UpstreamState::new(
         "orders",
         1,
         false,

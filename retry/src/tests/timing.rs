@@ -236,7 +236,7 @@ async fn an_auto_attempt_timeout_is_the_ceiling_until_measured_then_three_p99s_w
             200
         );
     }
-    assert!(f.target.dependency.latency().is_some());
+    assert!(f.target.upstream.latency().is_some());
     f.upstream.push(Step::Stall);
     let res = f.send(f.request(Method::GET, Body::empty())).await;
     assert!(

@@ -48,7 +48,7 @@ use self::index::{Group, PathRank};
 use self::rules::{host_key, MAX_HOST_LEN};
 use crate::config::RouteSettings;
 use crate::plumbing::route::{Route, RouteMetrics};
-use portcullis_retry::{Dependency, RetryTarget};
+use portcullis_retry::{RetryTarget, UpstreamState};
 
 /// The configured routes, indexed by host and path.
 #[derive(Debug, Clone)]
@@ -114,22 +114,23 @@ impl<'a> RouteRequest<'a> {
 // === impl RouteTable ===
 
 impl RouteTable {
-    /// Builds the table from validated routes; `dependencies` are indexed like the upstreams.
-    /// Routes whose upstream index has no dependency are skipped (validation prevents it).
-    pub fn new(routes: &[RouteSettings], dependencies: &[Arc<Dependency>]) -> Self {
+    /// Builds the table from validated routes and each upstream's retry state, indexed as the
+    /// configuration's upstreams. Routes whose upstream index has no state are skipped
+    /// (validation prevents it).
+    pub fn new(routes: &[RouteSettings], states: &[Arc<UpstreamState>]) -> Self {
         let routes: Vec<Arc<Route>> = routes
             .iter()
             .enumerate()
             .filter_map(|(index, settings)| {
-                let dependency = dependencies.get(settings.upstream)?.clone();
+                let state = states.get(settings.upstream)?.clone();
                 let label: Arc<str> = Arc::from(settings.name.as_str());
                 Some(Arc::new(Route {
                     index,
                     metrics: RouteMetrics::new(label),
                     retry: RetryTarget {
                         policy: settings.retry.clone(),
-                        route_latency: Some(dependency.route_latency(&settings.name)),
-                        dependency,
+                        route_latency: Some(state.route_latency(&settings.name)),
+                        upstream: state,
                         idempotent_route: settings.idempotent,
                     },
                     settings: settings.clone(),

@@ -16,8 +16,11 @@ fn table(routes: &str) -> RouteTable {
         Ok(config) => config,
         Err(e) => panic!("{e}\n{text}"),
     };
-    let (_, dependencies) = crate::start::upstreams(&config);
-    RouteTable::new(&config.routes, &dependencies)
+    let states: Vec<_> = crate::start::upstreams(&config)
+        .iter()
+        .map(|u| u.state().clone())
+        .collect();
+    RouteTable::new(&config.routes, &states)
 }
 
 /// A request: `"GET api.example.com /orders/7"`, host `-` for none; `headers` as `name: value`.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use http::Uri;
-use portcullis_retry::Dependency;
+use portcullis_retry::UpstreamState;
 
 use super::discovery::{self, FileState, Sources};
 use super::{Address, Clock, Endpoint, EndpointSet, EndpointState, Now, Outcome};
@@ -26,7 +26,7 @@ pub(crate) struct Balancer {
     outlier: OutlierSettings,
     health_check: Option<HealthCheckSettings>,
     sources: Sources,
-    dependency: Arc<Dependency>,
+    state: Arc<UpstreamState>,
     /// Seeds each new set's random choices.
     seed: AtomicU64,
 }
@@ -39,7 +39,7 @@ impl Balancer {
     pub(crate) fn new(
         settings: &UpstreamSettings,
         hosts_file: Option<&Path>,
-        dependency: Arc<Dependency>,
+        state: Arc<UpstreamState>,
     ) -> Self {
         let entries: Vec<(Uri, u32)> = settings
             .endpoints
@@ -80,7 +80,7 @@ impl Balancer {
             outlier: settings.outlier,
             health_check: settings.health_check.clone(),
             sources,
-            dependency,
+            state,
             seed,
         }
     }
@@ -106,8 +106,8 @@ impl Balancer {
     }
 
     /// The retry layer's state of this upstream (budget, breaker).
-    pub(crate) fn dependency(&self) -> &Arc<Dependency> {
-        &self.dependency
+    pub(crate) fn state(&self) -> &Arc<UpstreamState> {
+        &self.state
     }
 
     /// The load balancer in use.
@@ -168,7 +168,7 @@ impl Balancer {
             endpoints = ?endpoints.iter().map(|e| e.address.url()).collect::<Vec<_>>(),
             "endpoints changed"
         );
-        self.dependency.set_endpoints(endpoints.len());
+        self.state.set_endpoints(endpoints.len());
         let set = EndpointSet::new(
             endpoints,
             self.load_balancer,

@@ -88,15 +88,15 @@ fn status(upstream: &Upstream, policy: &RetryPolicy) -> UpstreamStatus {
     UpstreamStatus {
         name: balancer.name().to_owned(),
         load_balancer: balancer.load_balancer().as_str().to_owned(),
-        circuit_breaker: balancer.dependency().breaker_state().to_owned(),
+        circuit_breaker: balancer.state().breaker_state().to_owned(),
         healthy_endpoints: healthy,
         panic: set.in_panic(healthy),
         endpoints,
-        attempt_timeout_ms: millis(policy.attempt_timeout_for(balancer.dependency())),
-        latency: latency(balancer.dependency().latency_histogram(), policy),
-        retry_amplification: balancer.dependency().retry_amplification(),
+        attempt_timeout_ms: millis(policy.attempt_timeout_for(balancer.state())),
+        latency: latency(balancer.state().latency_histogram(), policy),
+        retry_amplification: balancer.state().retry_amplification(),
         routes: balancer
-            .dependency()
+            .state()
             .route_latencies()
             .iter()
             .map(|(route, histogram)| RouteLatencyStatus {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::super::policy::InvalidRetryConfig;
+use crate::policy::InvalidRetryConfig;
 
 /// Validated breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq)]

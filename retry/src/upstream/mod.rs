@@ -1,23 +1,31 @@
-//! Per-upstream shared state: budget, breaker and the facts the safety ladder needs.
+//! What the layer keeps per upstream, shared by every route that targets it: the retry
+//! budget, the circuit breaker, the adaptive rate, the latency window and the client-retry
+//! memory, each in its module here, and the facts the safety ladder needs.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{
+pub(crate) mod adaptive;
+pub(crate) mod breaker;
+pub(crate) mod budget;
+pub(crate) mod exhausted;
+pub(crate) mod latency;
+
+use self::{
     adaptive::{AdaptiveConfig, AdaptiveThrottle},
     breaker::{BreakerConfig, CircuitBreaker},
     budget::{BudgetConfig, RetryBudget},
     exhausted::{Exhausted, DEFAULT_WINDOW},
     latency::{Latency, Percentiles},
-    metrics::DependencyMetrics,
 };
+use crate::metrics::UpstreamMetrics;
 
 /// One upstream ("dependency" in metrics and logs). Built once per upstream at start-up and
-/// shared as `Arc<Dependency>` by every route that targets it, so its retry budget and
+/// shared as `Arc<UpstreamState>` by every route that targets it, so its retry budget and
 /// circuit breaker see all of the upstream's traffic through this gateway replica.
 #[derive(Debug)]
-pub struct Dependency {
+pub struct UpstreamState {
     name: Arc<str>,
     endpoints: AtomicUsize,
     dedupes_idempotency_keys: bool,
@@ -30,12 +38,12 @@ pub struct Dependency {
     route_latencies: std::sync::Mutex<Vec<(Arc<str>, Arc<Latency>)>>,
     /// `None` unless `adaptive = true`: then the request path touches nothing of it.
     adaptive: Option<AdaptiveThrottle>,
-    metrics: DependencyMetrics,
+    metrics: UpstreamMetrics,
 }
 
-// === impl Dependency ===
+// === impl UpstreamState ===
 
-impl Dependency {
+impl UpstreamState {
     /// State for upstream `name` with `endpoints` endpoints. `dedupes_idempotency_keys`
     /// declares that the upstream itself dedupes on the forwarded `Idempotency-Key`, which
     /// lets the layer retry keyed POST/PATCH on ambiguous failures (500/502/504/timeouts).
@@ -50,7 +58,7 @@ impl Dependency {
         Self {
             budget: RetryBudget::new(name.clone(), budget),
             breaker: CircuitBreaker::new(name.clone(), breaker),
-            metrics: DependencyMetrics::new(&name),
+            metrics: UpstreamMetrics::new(&name),
             exhausted: Exhausted::new(DEFAULT_WINDOW),
             latency: Latency::new(),
             route_latencies: std::sync::Mutex::default(),
@@ -185,7 +193,7 @@ impl Dependency {
     }
 
     /// The request-path metric handles, registered once for this upstream.
-    pub(crate) fn metrics(&self) -> &DependencyMetrics {
+    pub(crate) fn metrics(&self) -> &UpstreamMetrics {
         &self.metrics
     }
 }

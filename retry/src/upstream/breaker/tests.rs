@@ -1,8 +1,8 @@
 //! State-machine tests of the circuit breaker on paused time.
 
-use super::super::policy::InvalidRetryConfig;
 use super::config::MAX_MIN_CALLERS;
 use super::*;
+use crate::policy::InvalidRetryConfig;
 use BreakerOutcome::{Failure, Neutral, Success};
 
 /// 50 % of ≥ 20 requests over 30 s, open 10 s, `probes` probes, `min_callers` callers.

@@ -52,7 +52,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{classify::BreakerOutcome, metrics::BreakerMetrics, window::Ring};
+use crate::{classify::BreakerOutcome, metrics::BreakerMetrics, window::Ring};
 
 mod callers;
 mod config;
@@ -162,7 +162,7 @@ impl CircuitBreaker {
         self.try_acquire_at(caller, Instant::now())
     }
 
-    pub(super) fn try_acquire_at(
+    pub(crate) fn try_acquire_at(
         &self,
         caller: u64,
         now: Instant,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::super::classify::BreakerOutcome;
 use super::Shared;
+use crate::classify::BreakerOutcome;
 
 /// Admission to send one request; record its outcome with [`BreakerPermit::record`].
 #[derive(Debug)]

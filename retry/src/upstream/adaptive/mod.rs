@@ -70,7 +70,7 @@
 //!
 //! # Cost
 //!
-//! Off (`adaptive = false`, the default) the `Dependency` holds `None` and the request path
+//! Off (`adaptive = false`, the default) the `UpstreamState` holds `None` and the request path
 //! touches nothing. On, each request takes one uncontended mutex for the admission and one
 //! for the outcome (a few floating-point operations each).
 

@@ -18,7 +18,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{metrics::BudgetMetrics, policy::InvalidRetryConfig, window::Ring};
+use crate::{metrics::BudgetMetrics, policy::InvalidRetryConfig, window::Ring};
 
 /// Default share of requests that may be retries (docs/retry-policy.md).
 pub(crate) const DEFAULT_BUDGET_PERCENT: u32 = 20;
@@ -157,7 +157,7 @@ impl RetryBudget {
     }
 
     /// Records one original request, which arrived at `now`.
-    pub(super) fn deposit_at(&self, now: Instant) {
+    pub(crate) fn deposit_at(&self, now: Instant) {
         let snap = {
             let mut ring = self.lock();
             ring.current(now).requests += 1;
@@ -166,7 +166,7 @@ impl RetryBudget {
         self.report(snap);
     }
 
-    pub(super) fn try_withdraw_at(&self, now: Instant) -> bool {
+    pub(crate) fn try_withdraw_at(&self, now: Instant) -> bool {
         let (ok, snap) = {
             let mut ring = self.lock();
             let before = snapshot(&self.config, &mut ring, now);
