@@ -98,22 +98,37 @@ pub struct TenantSeed<'a> {
     pub max_in_flight: Option<u64>,
 }
 
-/// `tenants` rows: id, disabled, rate, per (ms), burst, daily and monthly quota,
-/// max in flight.
-pub(crate) type TenantRow = (
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-);
-/// `route_quotas` rows: tenant id, route name, rate, per (ms), burst.
-pub(crate) type RouteQuotaRow = (String, String, i64, i64, i64);
-/// Active `api_keys` rows: key hash, tenant id.
-pub(crate) type KeyRow = (Vec<u8>, String);
+/// A `tenants` row as the directory reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct TenantRow {
+    pub(crate) id: String,
+    /// 1 when disabled.
+    pub(crate) disabled: i64,
+    pub(crate) rate: i64,
+    pub(crate) per_ms: i64,
+    pub(crate) burst: i64,
+    pub(crate) daily_quota: Option<i64>,
+    pub(crate) monthly_quota: Option<i64>,
+    pub(crate) max_in_flight: Option<i64>,
+}
+
+/// A `route_quotas` row: a tenant's own limit on one route.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct RouteQuotaRow {
+    pub(crate) tenant_id: String,
+    /// The route's name.
+    pub(crate) route_prefix: String,
+    pub(crate) rate: i64,
+    pub(crate) per_ms: i64,
+    pub(crate) burst: i64,
+}
+
+/// An active `api_keys` row: the key's hash and its tenant.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct KeyRow {
+    pub(crate) key_hash: Vec<u8>,
+    pub(crate) tenant_id: String,
+}
 
 /// Everything the tenant directory is built from, read at one configuration version.
 #[derive(Debug, Default)]
@@ -308,13 +323,15 @@ const POSTGRES_UPSERT: UpsertSql = UpsertSql {
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)",
 };
 
-const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
-     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), CAST(monthly_quota AS BIGINT), \
-     CAST(max_in_flight AS BIGINT) FROM tenants";
+const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT) AS disabled, \
+     CAST(rate AS BIGINT) AS rate, CAST(per_ms AS BIGINT) AS per_ms, CAST(burst AS BIGINT) AS burst, \
+     CAST(daily_quota AS BIGINT) AS daily_quota, CAST(monthly_quota AS BIGINT) AS monthly_quota, \
+     CAST(max_in_flight AS BIGINT) AS max_in_flight FROM tenants";
 const KEYS_SQL: &str = "SELECT key_hash, tenant_id FROM api_keys WHERE revoked_at IS NULL";
-const ROUTE_QUOTAS_SQL: &str =
-    "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), CAST(per_ms AS BIGINT), \
-     CAST(burst AS BIGINT) FROM route_quotas";
+/// Every route override; the admin API adds its own `WHERE`.
+pub(crate) const ROUTE_QUOTAS_SQL: &str =
+    "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT) AS rate, CAST(per_ms AS BIGINT) AS per_ms, \
+     CAST(burst AS BIGINT) AS burst FROM route_quotas";
 
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)

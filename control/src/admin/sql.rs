@@ -169,9 +169,9 @@ impl Tx {
     pub(crate) fn ts(&self, column: &str) -> String {
         match self {
             Self::Sqlite(_) => column.to_owned(),
-            Self::Postgres(_) => {
-                format!(r#"to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')"#)
-            }
+            Self::Postgres(_) => format!(
+                r#"to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS {column}"#
+            ),
         }
     }
 
@@ -187,7 +187,7 @@ impl Tx {
     pub(crate) fn json_out(&self, column: &str) -> String {
         match self {
             Self::Sqlite(_) => column.to_owned(),
-            Self::Postgres(_) => format!("CAST({column} AS TEXT)"),
+            Self::Postgres(_) => format!("CAST({column} AS TEXT) AS {column}"),
         }
     }
 }

@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 use portcullis_ratelimit::{LimitKey, Period, Policy, Principal};
 
-use crate::db::{ConfigRows, Database, DbError, TenantRow};
+use crate::db::{ConfigRows, Database, DbError, RouteQuotaRow, TenantRow};
 
 /// How often the configuration version is polled. Changes reach every replica within this
 /// (plus one query), which keeps the "within 1 s" promise with room to spare.
@@ -59,24 +59,19 @@ pub struct Tenant {
 impl Tenant {
     /// A tenant from its row and its route overrides, keeping the rejection count of
     /// `previous` (the same tenant in the snapshot being replaced).
-    fn from_rows(
-        row: &TenantRow,
-        routes: &[&(String, String, i64, i64, i64)],
-        previous: Option<&Tenant>,
-    ) -> Self {
-        let (id, disabled, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) = row;
-        let id = id.as_str();
-        let policy = stored_policy("tenant", *rate, *per_ms, *burst, id);
+    fn from_rows(row: &TenantRow, routes: &[&RouteQuotaRow], previous: Option<&Tenant>) -> Self {
+        let id = row.id.as_str();
+        let policy = stored_policy("tenant", row.rate, row.per_ms, row.burst, id);
         let route_policies = routes
             .iter()
-            .filter_map(|(_, prefix, rate, per_ms, burst)| {
-                let policy = stored_policy("route", *rate, *per_ms, *burst, id)?;
-                let key = LimitKey::route(Principal::Tenant(id), prefix);
-                Some((prefix.clone(), (key, policy)))
+            .filter_map(|r| {
+                let policy = stored_policy("route", r.rate, r.per_ms, r.burst, id)?;
+                let key = LimitKey::route(Principal::Tenant(id), &r.route_prefix);
+                Some((r.route_prefix.clone(), (key, policy)))
             })
             .collect();
         let quota = |q: &Option<i64>| q.and_then(|q| u64::try_from(q).ok());
-        let period_policies = [(Period::Day, "daily_quota", quota(daily_quota)), (Period::Month, "monthly_quota", quota(monthly_quota))]
+        let period_policies = [(Period::Day, "daily_quota", quota(&row.daily_quota)), (Period::Month, "monthly_quota", quota(&row.monthly_quota))]
             .into_iter()
             .filter_map(|(period, name, quota)| {
                 let policy = match Policy::calendar(name, quota?, period) {
@@ -92,14 +87,15 @@ impl Tenant {
             .collect();
         Self {
             id: Arc::from(id),
-            disabled: *disabled != 0,
+            disabled: row.disabled != 0,
             policy,
             key: LimitKey::tenant(id),
             route_policies,
             period_policies,
             // The database's constraint keeps it in 1..=MAX_TENANT_IN_FLIGHT; anything else
             // (a hand-edited row) leaves the tenant unlimited rather than unable to call.
-            max_in_flight: max_in_flight
+            max_in_flight: row
+                .max_in_flight
                 .and_then(|n| u64::try_from(n).ok())
                 .filter(|n| (1..=MAX_TENANT_IN_FLIGHT).contains(n)),
             in_flight: previous.map_or_else(Arc::default, |t| t.in_flight.clone()),
@@ -191,17 +187,21 @@ impl Snapshot {
             .tenants
             .iter()
             .map(|row| {
-                let routes: Vec<_> = rows.routes.iter().filter(|r| r.0 == row.0).collect();
-                let tenant = Tenant::from_rows(row, &routes, previous.by_id(&row.0).map(|t| &**t));
+                let routes: Vec<_> = rows
+                    .routes
+                    .iter()
+                    .filter(|r| r.tenant_id == row.id)
+                    .collect();
+                let tenant = Tenant::from_rows(row, &routes, previous.by_id(&row.id).map(|t| &**t));
                 (tenant.id.clone(), Arc::new(tenant))
             })
             .collect();
         let by_key_hash = rows
             .keys
             .into_iter()
-            .filter_map(|(hash, tenant)| {
-                let hash: [u8; 32] = hash.try_into().ok()?;
-                Some((hash, by_id.get(tenant.as_str())?.clone()))
+            .filter_map(|key| {
+                let hash: [u8; 32] = key.key_hash.try_into().ok()?;
+                Some((hash, by_id.get(key.tenant_id.as_str())?.clone()))
             })
             .collect();
         Self {

@@ -79,7 +79,7 @@ impl AdminStore {
     ) -> Result<Page<AuditEntry>, AdminError> {
         let mut tx = Tx::begin(&self.db).await?;
         let mut sql = format!(
-            "SELECT CAST(id AS BIGINT), {}, actor, action, tenant_id, {}, {} FROM audit_log WHERE 1 = 1",
+            "SELECT CAST(id AS BIGINT) AS id, {}, actor, action, tenant_id, {}, {} FROM audit_log WHERE 1 = 1",
             tx.ts("at"),
             tx.json_out("before"),
             tx.json_out("after")
@@ -101,29 +101,18 @@ impl AdminStore {
         }
         args.push(Arg::I64(page_fetch(limit)));
         sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
-        type Row = (
-            i64,
-            String,
-            String,
-            String,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-        );
-        let rows: Vec<Row> = tx.fetch_all(&sql, args).await?;
+        let rows: Vec<AuditRow> = tx.fetch_all(&sql, args).await?;
         let entries = rows
             .into_iter()
-            .map(
-                |(id, at, actor, action, tenant, before, after)| AuditEntry {
-                    id,
-                    at,
-                    actor,
-                    action,
-                    tenant,
-                    before: parse_json(before),
-                    after: parse_json(after),
-                },
-            )
+            .map(|row| AuditEntry {
+                id: row.id,
+                at: row.at,
+                actor: row.actor,
+                action: row.action,
+                tenant: row.tenant_id,
+                before: parse_json(row.before),
+                after: parse_json(row.after),
+            })
             .collect();
         Ok(paginate(entries, limit, |e| e.id.to_string()))
     }
@@ -183,4 +172,16 @@ fn parse_json(text: Option<String>) -> Value {
 /// A value as the audit row's JSON (`None` if it cannot be serialised).
 pub(super) fn to_json<T: Serialize>(value: &T) -> Option<Value> {
     serde_json::to_value(value).ok()
+}
+
+/// An `audit_log` row; `before` and `after` are JSON text.
+#[derive(Debug, sqlx::FromRow)]
+struct AuditRow {
+    id: i64,
+    at: String,
+    actor: String,
+    action: String,
+    tenant_id: Option<String>,
+    before: Option<String>,
+    after: Option<String>,
 }

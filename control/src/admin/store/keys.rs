@@ -31,31 +31,37 @@ pub(crate) fn generate_key() -> String {
     key
 }
 
-/// `(id, tenant_id, prefix, created_at, revoked_at)`.
-type KeyRow = (i64, String, String, String, Option<String>);
+/// An `api_keys` row as the admin API shows it (the hash is never read back).
+#[derive(Debug, sqlx::FromRow)]
+struct KeyRecord {
+    id: i64,
+    tenant_id: String,
+    prefix: String,
+    created_at: String,
+    revoked_at: Option<String>,
+}
 
 fn key_select(tx: &Tx) -> String {
     format!(
-        "SELECT CAST(id AS BIGINT), tenant_id, prefix, {}, {} FROM api_keys",
+        "SELECT CAST(id AS BIGINT) AS id, tenant_id, prefix, {}, {} FROM api_keys",
         tx.ts("created_at"),
         tx.ts("revoked_at")
     )
 }
 
-fn key_view(row: KeyRow) -> KeyView {
-    let (id, tenant, prefix, created_at, revoked_at) = row;
+fn key_view(row: KeyRecord) -> KeyView {
     KeyView {
-        id,
-        tenant,
-        prefix,
-        created_at,
-        revoked_at,
+        id: row.id,
+        tenant: row.tenant_id,
+        prefix: row.prefix,
+        created_at: row.created_at,
+        revoked_at: row.revoked_at,
     }
 }
 
 async fn load_key(tx: &mut Tx, tenant: &str, key_id: i64) -> Result<KeyView, AdminError> {
     let sql = format!("{} WHERE id = $1 AND tenant_id = $2", key_select(tx));
-    tx.fetch_optional::<KeyRow>(&sql, vec![Arg::I64(key_id), Arg::Text(tenant.to_owned())])
+    tx.fetch_optional::<KeyRecord>(&sql, vec![Arg::I64(key_id), Arg::Text(tenant.to_owned())])
         .await?
         .map(key_view)
         .ok_or_else(|| AdminError::NotFound(format!("tenant {tenant:?} has no key {key_id}")))
@@ -97,7 +103,7 @@ impl AdminStore {
         let mut tx = Tx::begin(&self.db).await?;
         load_existing(&mut tx, tenant).await?;
         let sql = format!("{} WHERE tenant_id = $1 ORDER BY id", key_select(&tx));
-        let rows: Vec<KeyRow> = tx
+        let rows: Vec<KeyRecord> = tx
             .fetch_all(&sql, vec![Arg::Text(tenant.to_owned())])
             .await?;
         Ok(rows.into_iter().map(key_view).collect())

@@ -9,75 +9,60 @@ use super::{
 use crate::admin::error::AdminError;
 use crate::admin::sql::{is_unique_violation, Arg, Tx};
 use crate::admin::validate;
+use crate::db::{RouteQuotaRow, ROUTE_QUOTAS_SQL};
 
-/// `(id, name, disabled, rate, per_ms, burst, daily, monthly, max_in_flight, created_at,
-/// updated_at)`.
-type TenantRow = (
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    String,
-    String,
-);
-/// `(tenant_id, route_prefix, rate, per_ms, burst)`.
-type RouteRow = (String, String, i64, i64, i64);
+/// A `tenants` row as the admin API shows it.
+#[derive(Debug, sqlx::FromRow)]
+struct TenantRecord {
+    id: String,
+    name: String,
+    /// 1 when disabled.
+    disabled: i64,
+    rate: i64,
+    per_ms: i64,
+    burst: i64,
+    daily_quota: Option<i64>,
+    monthly_quota: Option<i64>,
+    max_in_flight: Option<i64>,
+    created_at: String,
+    updated_at: String,
+}
 
 fn tenant_select(tx: &Tx) -> String {
     format!(
-        "SELECT id, name, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT), CAST(rate AS BIGINT), \
-         CAST(per_ms AS BIGINT), CAST(burst AS BIGINT), CAST(daily_quota AS BIGINT), \
-         CAST(monthly_quota AS BIGINT), CAST(max_in_flight AS BIGINT), {}, {} FROM tenants",
+        "SELECT id, name, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT) AS disabled, \
+         CAST(rate AS BIGINT) AS rate, CAST(per_ms AS BIGINT) AS per_ms, CAST(burst AS BIGINT) AS burst, \
+         CAST(daily_quota AS BIGINT) AS daily_quota, CAST(monthly_quota AS BIGINT) AS monthly_quota, \
+         CAST(max_in_flight AS BIGINT) AS max_in_flight, {}, {} FROM tenants",
         tx.ts("created_at"),
         tx.ts("updated_at")
     )
 }
 
-const ROUTES_SELECT: &str = "SELECT tenant_id, route_prefix, CAST(rate AS BIGINT), \
-     CAST(per_ms AS BIGINT), CAST(burst AS BIGINT) FROM route_quotas";
-
-fn view(row: TenantRow, routes: &[RouteRow]) -> TenantView {
-    let (
-        id,
-        name,
-        disabled,
-        rate,
-        per_ms,
-        burst,
-        daily,
-        monthly,
-        in_flight,
-        created_at,
-        updated_at,
-    ) = row;
+fn view(row: TenantRecord, routes: &[RouteQuotaRow]) -> TenantView {
     let route_quotas = routes
         .iter()
-        .filter(|r| r.0 == id)
+        .filter(|r| r.tenant_id == row.id)
         .map(|r| RouteQuotaView {
-            route: r.1.clone(),
-            rate: to_u64(r.2),
-            per: per_text(r.3),
-            burst: to_u64(r.4),
+            route: r.route_prefix.clone(),
+            rate: to_u64(r.rate),
+            per: per_text(r.per_ms),
+            burst: to_u64(r.burst),
         })
         .collect();
     TenantView {
-        id,
-        name,
-        disabled: disabled != 0,
-        rate: to_u64(rate),
-        per: per_text(per_ms),
-        burst: to_u64(burst),
-        daily_quota: daily.map(to_u64),
-        monthly_quota: monthly.map(to_u64),
-        max_in_flight: in_flight.map(to_u64),
+        id: row.id,
+        name: row.name,
+        disabled: row.disabled != 0,
+        rate: to_u64(row.rate),
+        per: per_text(row.per_ms),
+        burst: to_u64(row.burst),
+        daily_quota: row.daily_quota.map(to_u64),
+        monthly_quota: row.monthly_quota.map(to_u64),
+        max_in_flight: row.max_in_flight.map(to_u64),
         route_quotas,
-        created_at,
-        updated_at,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
     }
 }
 
@@ -85,14 +70,14 @@ fn view(row: TenantRow, routes: &[RouteRow]) -> TenantView {
 pub(super) async fn load(tx: &mut Tx, id: &str) -> Result<Option<TenantView>, AdminError> {
     let sql = format!("{} WHERE id = $1", tenant_select(tx));
     let Some(row) = tx
-        .fetch_optional::<TenantRow>(&sql, vec![Arg::Text(id.to_owned())])
+        .fetch_optional::<TenantRecord>(&sql, vec![Arg::Text(id.to_owned())])
         .await?
     else {
         return Ok(None);
     };
-    let routes: Vec<RouteRow> = tx
+    let routes: Vec<RouteQuotaRow> = tx
         .fetch_all(
-            &format!("{ROUTES_SELECT} WHERE tenant_id = $1 ORDER BY route_prefix"),
+            &format!("{ROUTE_QUOTAS_SQL} WHERE tenant_id = $1 ORDER BY route_prefix"),
             vec![Arg::Text(id.to_owned())],
         )
         .await?;
@@ -171,13 +156,13 @@ impl AdminStore {
         }
         args.push(Arg::I64(page_fetch(limit)));
         sql.push_str(&format!(" ORDER BY id LIMIT ${}", args.len()));
-        let rows: Vec<TenantRow> = tx.fetch_all(&sql, args).await?;
+        let rows: Vec<TenantRecord> = tx.fetch_all(&sql, args).await?;
         // Overrides of the page's tenants: ids are ordered, so one range query covers them.
-        let routes: Vec<RouteRow> = match (rows.first(), rows.last()) {
+        let routes: Vec<RouteQuotaRow> = match (rows.first(), rows.last()) {
             (Some(first), Some(last)) => {
                 tx.fetch_all(
-                    &format!("{ROUTES_SELECT} WHERE tenant_id >= $1 AND tenant_id <= $2 ORDER BY route_prefix"),
-                    vec![Arg::Text(first.0.clone()), Arg::Text(last.0.clone())],
+                    &format!("{ROUTE_QUOTAS_SQL} WHERE tenant_id >= $1 AND tenant_id <= $2 ORDER BY route_prefix"),
+                    vec![Arg::Text(first.id.clone()), Arg::Text(last.id.clone())],
                 )
                 .await?
             }
