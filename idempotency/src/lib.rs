@@ -87,7 +87,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod clock;
 mod detach;
 mod extensions;
 pub mod fingerprint;
@@ -102,13 +101,13 @@ mod service;
 pub mod settings;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use extensions::{IdempotencyLock, IdempotencyOutcome, NotForwarded};
 pub use fingerprint::{Fingerprint, FingerprintInput};
 pub use key::{IdempotencyKey, KeyError};
 pub use late::{LateAnswer, LateSender};
 pub use layer::IdempotencyLayer;
 pub use outcome::Outcome;
+pub use portcullis_problem::clock::{ManualWallClock, SystemWallClock, WallClock};
 pub use record::{Completion, RecordInfo, RecordState, StoredResponse};
 pub use rejection::Rejection;
 pub use service::Idempotency;

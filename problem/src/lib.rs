@@ -29,6 +29,7 @@
 //! `Retry-After: 0` invites a client to retry at once, in a loop.
 
 mod chain;
+pub mod clock;
 pub mod grpc;
 pub mod headers;
 mod problem;

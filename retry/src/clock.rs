@@ -1,32 +1,11 @@
-//! Wall-clock time, injected. The retry layer needs it only at the edges: to read an
-//! incoming `X-Request-Deadline`, to forward the deadline, and to turn a `Retry-After`
-//! HTTP-date into a wait. Everything else runs on `tokio::time::Instant`.
+//! Wall-clock time ([`WallClock`], shared by the crates). The retry layer needs it only at
+//! the edges: to read an incoming `X-Request-Deadline`, to forward the deadline, and to turn
+//! a `Retry-After` HTTP-date into a wait. Everything else runs on `tokio::time::Instant`.
 
-use std::time::SystemTime;
+pub use portcullis_problem::clock::{SystemWallClock, WallClock};
 
 #[cfg(test)]
 pub(crate) use self::manual::ManualWallClock;
-
-/// A source of wall-clock time.
-pub trait WallClock: Send + Sync + 'static {
-    /// The current wall-clock time.
-    fn now(&self) -> SystemTime;
-}
-
-/// The real clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemWallClock;
-
-// === impl SystemWallClock ===
-
-impl WallClock for SystemWallClock {
-    // The one place in this module that reads the system clock (clippy.toml bans it
-    // elsewhere).
-    #[allow(clippy::disallowed_methods)]
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
 
 /// The test clock: tests pin the wall clock to a known instant.
 #[cfg(test)]

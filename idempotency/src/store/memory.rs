@@ -24,7 +24,7 @@
 //!   shards with `try_lock`, so two shards are never waited on at once and lock order cannot
 //!   deadlock.
 //! - **Time**: leases and TTLs run on `tokio::time::Instant`, so tests drive them with
-//!   `start_paused`; wall-clock times for the admin view come from the injected [`Clock`].
+//!   `start_paused`; wall-clock times for the admin view come from the injected [`WallClock`].
 
 use std::hash::RandomState;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -35,9 +35,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{LockOutcome, RecordKey, Store, StoreError};
-use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
 use crate::record::{Completion, RecordInfo, RecordState};
+use portcullis_problem::clock::{SystemWallClock, WallClock};
 
 mod blob;
 mod shard;
@@ -70,7 +70,7 @@ pub struct MemoryStore {
     shares: Arc<dyn Shares>,
     share_use: ShareTable,
     next_fencing: AtomicU64,
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn WallClock>,
     /// `idempotency_stored_bytes`, resolved once against the recorder installed when the
     /// store is built (the gateway installs it first): a `gauge!` per request looked the
     /// series up in the registry every time.
@@ -82,11 +82,11 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// A store holding at most `capacity_bytes`, stamping admin times with the system clock.
     pub fn new(capacity_bytes: usize) -> Self {
-        Self::with_clock(capacity_bytes, Arc::new(SystemClock))
+        Self::with_clock(capacity_bytes, Arc::new(SystemWallClock))
     }
 
     /// A store with an injected wall clock (for the admin view's timestamps only).
-    pub fn with_clock(capacity_bytes: usize, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(capacity_bytes: usize, clock: Arc<dyn WallClock>) -> Self {
         let hasher = RandomState::new();
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),

@@ -36,7 +36,7 @@ use std::time::UNIX_EPOCH;
 
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 use portcullis_control::{Directory, Tenant};
-use portcullis_retry::{SystemWallClock, WallClock};
+use portcullis_problem::clock::{SystemWallClock, WallClock};
 
 pub use error::JwtError;
 pub use jwk::{Algorithm, KeySet};

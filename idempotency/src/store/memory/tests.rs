@@ -272,7 +272,7 @@ async fn purge_and_sweeper_free_expired_records() {
 #[tokio::test(start_paused = true)]
 async fn admin_times_come_from_the_injected_clock() {
     let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    let clock = Arc::new(crate::clock::ManualClock::new(start));
+    let clock = Arc::new(crate::ManualWallClock::new(start));
     let s = MemoryStore::with_clock(1 << 20, clock);
     lock(&s, "a", DAY).await.unwrap();
     let info = s.get(&key("a")).await.unwrap().unwrap();

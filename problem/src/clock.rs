@@ -1,30 +1,28 @@
-//! Wall-clock time, injected.
-//!
-//! Only *informational* timestamps (a record's `created_at`/`expires_at` in the admin view)
-//! come from here. Decisions never do: the memory store's leases and TTLs run on
-//! `tokio::time::Instant` (pausable in tests) and the Redis/PostgreSQL stores decide on the
-//! server's clock, so skew between gateway replicas cannot hand out a lease twice.
+//! Wall-clock time, injected: the one trait every crate reads `SystemTime` through, so tests
+//! pin it (`clippy.toml` bans `SystemTime::now` elsewhere). Decisions that must not jump
+//! with NTP (leases, buckets, timeouts) run on `tokio::time::Instant` instead; the rate
+//! limiter's own `Clock` pairs the two.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-/// Source of wall-clock time.
-pub trait Clock: Send + Sync + 'static {
+/// A source of wall-clock time.
+pub trait WallClock: Send + Sync + 'static {
     /// The current wall-clock time.
     fn now(&self) -> SystemTime;
 }
 
 /// The real clock.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
+pub struct SystemWallClock;
 
 /// A clock that only moves when told to, for tests.
 #[derive(Debug)]
-pub struct ManualClock(Mutex<SystemTime>);
+pub struct ManualWallClock(Mutex<SystemTime>);
 
-// === impl SystemClock ===
+// === impl SystemWallClock ===
 
-impl Clock for SystemClock {
+impl WallClock for SystemWallClock {
     // The one place allowed to read the system clock (clippy.toml bans it elsewhere).
     #[allow(clippy::disallowed_methods)]
     fn now(&self) -> SystemTime {
@@ -32,9 +30,9 @@ impl Clock for SystemClock {
     }
 }
 
-// === impl ManualClock ===
+// === impl ManualWallClock ===
 
-impl ManualClock {
+impl ManualWallClock {
     /// A clock frozen at `start`.
     pub fn new(start: SystemTime) -> Self {
         Self(Mutex::new(start))
@@ -47,7 +45,7 @@ impl ManualClock {
     }
 }
 
-impl Clock for ManualClock {
+impl WallClock for ManualWallClock {
     fn now(&self) -> SystemTime {
         *self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -59,9 +57,9 @@ mod tests {
 
     #[test]
     fn manual_clock_advances() {
-        let c = ManualClock::new(SystemTime::UNIX_EPOCH);
+        let c = ManualWallClock::new(SystemTime::UNIX_EPOCH);
         c.advance(Duration::from_secs(5));
         assert_eq!(c.now(), SystemTime::UNIX_EPOCH + Duration::from_secs(5));
-        assert!(SystemClock.now() > SystemTime::UNIX_EPOCH);
+        assert!(SystemWallClock.now() > SystemTime::UNIX_EPOCH);
     }
 }
