@@ -13,7 +13,7 @@ mod bucket;
 mod duration;
 mod error;
 pub mod raw;
-mod routes;
+pub(crate) mod routes;
 mod settings;
 pub mod telemetry;
 mod tls;
@@ -22,9 +22,6 @@ mod validate;
 
 use std::path::Path;
 
-pub use crate::pipeline::jwt::{JwksLocation, JwtSettings};
-pub use crate::pipeline::router::pattern::{PathRule, Pattern};
-pub use crate::pipeline::router::rules::{HeaderRule, HeaderValueRule, HostRule};
 pub use auth::AuthSettings;
 pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
 pub use balance::{
@@ -35,6 +32,8 @@ pub use error::{ConfigError, ConfigIssue};
 pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
+pub use routes::pattern::{PathRule, Pattern};
+pub use routes::rules::{HeaderRule, HeaderValueRule, HostRule};
 pub use settings::{
     Bucket, Config, DemoSettings, Env, IdempotencySettings, InFlightMode, LogFormat, Priority,
     ProcessEnv, RateLimitSettings, RouteSettings, Secret, ServerSettings, StorageSettings,

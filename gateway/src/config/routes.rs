@@ -5,6 +5,8 @@
 mod idempotency;
 mod matchers;
 mod path;
+pub(crate) mod pattern;
+pub(crate) mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use super::error::Issues;
 use super::raw::{RawConfig, RawRoute};
 use super::settings::*;
 use super::upstream::{route_retry, with_hedge};
-use crate::pipeline::router::pattern::PathRule;
+use crate::config::routes::pattern::PathRule;
 use idempotency::idempotency;
 use matchers::{headers, hosts, methods};
 use path::{rewrite, route_path};

@@ -12,8 +12,8 @@ use super::backend::{DatabaseBackend, IdempotencyBackend, StateBackend};
 use super::balance::{DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings};
 use super::telemetry::TelemetrySettings;
 use super::tls::{Http2Settings, UpstreamTls};
-use crate::pipeline::router::pattern::PathRule;
-use crate::pipeline::router::rules::{HeaderRule, HostRule};
+use crate::config::routes::pattern::PathRule;
+use crate::config::routes::rules::{HeaderRule, HostRule};
 
 /// Reads environment variables; tests pass a map instead of mutating the process environment.
 pub trait Env {

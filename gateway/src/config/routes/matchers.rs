@@ -2,7 +2,7 @@
 
 use crate::config::error::Issues;
 use crate::config::raw::RawHeaderMatch;
-use crate::pipeline::router::rules::{HeaderRule, HeaderValueRule, HostRule};
+use crate::config::routes::rules::{HeaderRule, HeaderValueRule, HostRule};
 
 /// `hosts`: every entry parsed, the invalid ones reported (`path` is `routes[i].hosts`).
 pub(super) fn hosts(path: &str, raw: &[String], issues: &mut Issues) -> Vec<HostRule> {

@@ -3,7 +3,7 @@
 
 use crate::config::error::Issues;
 use crate::config::raw::RawRoute;
-use crate::pipeline::router::pattern::{PathRule, Pattern};
+use crate::config::routes::pattern::{PathRule, Pattern};
 
 /// Exactly one of `prefix`, `exact`, `pattern`, in the normal form requests are matched in.
 pub(super) fn route_path(path: &str, r: &RawRoute, issues: &mut Issues) -> PathRule {

@@ -8,7 +8,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use super::pattern::{segment_name, PathRule, Segment};
+use crate::config::routes::pattern::{segment_name, PathRule, Segment};
 
 /// Routes of one host group, by path.
 #[derive(Debug, Default)]

@@ -33,11 +33,6 @@
 //! allocates nothing: the host is lower-cased into a stack buffer.
 
 mod index;
-pub(crate) mod pattern;
-pub(crate) mod rules;
-
-pub use pattern::{PathRule, Pattern};
-pub use rules::{HeaderRule, HeaderValueRule, HostRule};
 
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
@@ -45,7 +40,8 @@ use std::sync::Arc;
 use http::{HeaderMap, Method};
 
 use self::index::{Group, PathRank};
-use self::rules::{host_key, MAX_HOST_LEN};
+use crate::config::routes::rules::{host_key, MAX_HOST_LEN};
+use crate::config::HostRule;
 use crate::config::RouteSettings;
 use crate::plumbing::route::{Route, RouteMetrics};
 use portcullis_retry::{RetryTarget, UpstreamState};
