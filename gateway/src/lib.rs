@@ -3,16 +3,17 @@
 //!
 //! This crate is the binary and the data plane. It assembles the concern crates
 //! (`portcullis-ratelimit`, `portcullis-idempotency`, `portcullis-retry`) and its own layers
-//! into one pipeline (`stack`, one commented line per layer), and runs the listeners
-//! ([`run`]). Its tree is the request's path:
+//! into one pipeline and runs the listeners ([`run`]). The request path, layer by layer, is
+//! described in one place: `stack/mod.rs`. The folders:
 //!
 //! - [`config`]: the TOML file, parsed once, validated fully, then frozen;
-//! - [`edge`]: listeners, the framing guard, and the first layers (health, hop-by-hop
-//!   fields, request id, size limits, request target);
-//! - `pipeline`: observe, the request context (route and caller, resolved once and read by
-//!   every later layer), shed, rate limit, idempotency, rescue;
-//! - `upstream`: the pooled client that sends one attempt, forwarded headers, the demo
-//!   upstream;
+//! - [`plumbing`]: what the layers share (step scaffold, held bodies, client address,
+//!   request context, header names);
+//! - [`telemetry`]: metrics, access log, traces;
+//! - [`edge`]: listeners, the framing guard and the connection-level layers;
+//! - `upstream`: the pooled client that sends one attempt, balancing, the demo upstream;
+//! - `pipeline`: resolution (route, tenant), protection (shedding, concurrency, buffering,
+//!   rate-limit and idempotency wiring), rescue;
 //! - [`tls`]: certificates and keys for both legs.
 //!
 //! The control plane (database, tenant directory and its reload, quotas, admin API and CLI)

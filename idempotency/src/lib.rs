@@ -67,8 +67,9 @@
 //! # Where it sits
 //!
 //! After tenant resolution and rate limiting (a rejected request must not take a key) and
-//! before the router and the retry layer, which reads [`IdempotencyLock`] and sets
-//! [`NotForwarded`] on responses it generated without reaching the upstream.
+//! before the retry layer, which reads [`IdempotencyLock`] and sets [`NotForwarded`] on
+//! responses it generated without reaching the upstream. The gateway's own order is
+//! `gateway/src/stack/mod.rs`.
 //!
 //! ```no_run
 //! use std::sync::Arc;

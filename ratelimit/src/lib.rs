@@ -13,16 +13,12 @@
 //!
 //! # Where to put this layer
 //!
-//! ```text
-//! listener → request-id → body limits → tenant resolution → load shedder
-//!          → RateLimitLayer → idempotency → router → retry → upstream
-//! ```
-//!
 //! *After* tenant resolution, because the extractor needs to know who is calling (an
 //! unknown API key must be refused with 401 before it can spend anyone's quota), and after
 //! the load shedder, which protects the process itself and must stay the cheapest check.
 //! *Before* idempotency, so a rate-limited retry is refused before it takes an idempotency
-//! lock (429 is "provably not processed": the client may retry with the same key).
+//! lock (429 is "provably not processed": the client may retry with the same key). The
+//! gateway's own order is `gateway/src/stack/mod.rs`.
 //!
 //! # Example
 //!

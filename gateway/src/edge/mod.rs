@@ -7,10 +7,10 @@
 //!   clients that stop reading);
 //! - [`framing`]: the framing guard that reads every HTTP/1.x head before hyper and refuses
 //!   ambiguous framing (request smuggling), plus lingering close for early answers;
-//! - the first request layers, in order: `grpc` (the gateway's own answers to a gRPC call
-//!   as `grpc-status`), `ops` (`/healthz`, `/readyz`), `hop_by_hop`
-//!   (the client's hop-by-hop fields), `request_id`, `limits` (413/431, body deadline via
-//!   `body_timeout`) and `target` (path normalisation, Host rules).
+//! - request layers that need no route: `grpc` (the gateway's own answers to a gRPC call
+//!   as `grpc-status`), `hop_by_hop` (the client's hop-by-hop fields), `request_id`,
+//!   `limits` (413/431, body deadline via `body_timeout`) and `target` (path
+//!   normalisation, Host rules). Their place in the request path: `crate::stack`.
 
 pub(crate) mod body_timeout;
 pub mod framing;

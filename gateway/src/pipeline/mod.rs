@@ -1,12 +1,9 @@
-//! The request pipeline, in order: observe (metrics and access log), route match and tenant
-//! resolution into the one request context ([`context`]), load shedding, rate limiting and
-//! idempotency (the concern crates, wired to the gateway's configuration here), then rescue,
-//! which turns every upstream-side error into problem+json before the retry layer and the
-//! proxy.
-//!
-//! The order itself is assembled, with a comment per layer, in [`crate::stack`]. The
-//! gateway's own small layers (here and in [`crate::edge`]) are `step::Step`s, made tower layers
-//! by the one generic `step::StepLayer`.
+//! The request layers that know the route: health routes, resolution of the route and the
+//! caller into the one request context (`resolve`, `router`, `tenant`, `jwt`), protection
+//! (`shed`, `fair_share`, `concurrency`, `auth_failures`, `buffer`), the rate-limit and
+//! idempotency wiring of the concern crates, and `rescue`, which turns upstream-side errors
+//! into problem+json. Their order is assembled, with a comment per layer, in
+//! [`crate::stack`].
 
 pub(crate) mod auth_failures;
 pub(crate) mod buffer;

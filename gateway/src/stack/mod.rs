@@ -1,5 +1,21 @@
-//! The request pipeline in request-path order, one line per layer. Each layer is its own
-//! module; no layer reaches into another's state — policy travels in request extensions.
+//! The request path, in order, one commented line per layer ([`assemble`]): the one place it
+//! is described; docs and other modules link here.
+//!
+//! - **Before the layers**: the listener (`edge::listener`) accepts the connection, serves the
+//!   protocol TLS negotiated, inserts the peer address (`plumbing::client::PeerAddr`) and
+//!   bounds every silent phase; for HTTP/1.x the framing guard reads each head before hyper.
+//! - **What travels with a request**: the observe step opens the per-request telemetry
+//!   record (`telemetry::Exchange`: trace context, attempts, bytes, the route's metrics), and
+//!   `Resolve` builds the one [`RequestContext`] (route, caller, client address) that every
+//!   later layer reads from the extensions; nothing re-derives the route or the client.
+//!   Policy travels in extensions too (the idempotency lock, a late-answer offer); no layer
+//!   reaches into another's state.
+//! - **Fused layers**: load shedding and the concurrency limits run as one step
+//!   (`HoldBoth`) so that both permits ride on one response-body wrapper until its last
+//!   byte.
+//! - **After the layers**: the retry layer drives the pooled upstream client (`Proxy`), one
+//!   attempt at a time.
+//!
 //! The gateway's own small layers are `plumbing::step::Step`s, made tower layers by the one
 //! generic `StepLayer`.
 
