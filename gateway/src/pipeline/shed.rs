@@ -102,9 +102,9 @@ impl LoadShed {
 }
 
 impl Step for LoadShed {
-    type Finish = InFlight;
+    type Finish = ShedPermit;
 
-    fn step(&self, request: &mut Request<Body>) -> Result<InFlight, Response<Body>> {
+    fn step(&self, request: &mut Request<Body>) -> Result<ShedPermit, Response<Body>> {
         let context = RequestContext::of(request.extensions());
         let critical =
             context.is_some_and(|context| context.route.settings.priority == Priority::Critical);
@@ -134,7 +134,7 @@ impl Step for LoadShed {
             metrics::counter!("load_shed_total").increment(1);
             return Err(Problem::overloaded(SHED_RETRY_AFTER).into_response());
         };
-        Ok(InFlight {
+        Ok(ShedPermit {
             _permit: permit,
             _caller: caller,
         })
@@ -143,15 +143,15 @@ impl Step for LoadShed {
 
 /// The permit of a request let through; handed on to its response body.
 #[derive(Debug)]
-pub(crate) struct InFlight {
+pub(crate) struct ShedPermit {
     _permit: CountPermit,
     _caller: Option<KeyedPermit>,
 }
 
 /// Given back when dropped (the permit's own `Drop`).
-impl Held for InFlight {}
+impl Held for ShedPermit {}
 
-impl Finish for InFlight {
+impl Finish for ShedPermit {
     fn finish(self, response: Response<Body>) -> Response<Body> {
         hold_until_body_ends(response, self)
     }

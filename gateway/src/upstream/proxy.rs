@@ -31,7 +31,7 @@ use crate::plumbing::held::UntilEnd;
 use crate::plumbing::worker;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
-use crate::upstream::balance::{Address, Balancer, Endpoint, InFlight, Outcome, Picked, Probe};
+use crate::upstream::balance::{Address, Balancer, Endpoint, EndpointLoad, Outcome, Picked, Probe};
 use portcullis_retry::{AttemptInfo, PickedEndpoint, ServedBy, UpstreamState};
 
 mod client_body;
@@ -286,7 +286,7 @@ impl Service<Request<Body>> for Proxy {
         if let Some(picked) = request.extensions().get::<PickedEndpoint>() {
             picked.record(id); // a hedged attempt: its copy will avoid this endpoint
         }
-        let in_flight: InFlight = endpoint.state.start();
+        let in_flight: EndpointLoad = endpoint.state.start();
         // Latency is only needed by peak_ewma; round robin reads no clock.
         let started =
             (balancer.load_balancer() == LoadBalancer::PeakEwma).then(|| balancer.clock().now());

@@ -2,7 +2,7 @@
 //!
 //! Three parties share a connection's [`Activity`]:
 //!
-//! - the hyper service adapter counts requests in flight: an [`InFlight`] token is taken
+//! - the hyper service adapter counts requests in flight: a [`Busy`] token is taken
 //!   when a request starts and dropped when its response body has been sent (or abandoned);
 //! - the framing guard (HTTP/1 only) reports a request head that arrived in part and is
 //!   still incomplete;
@@ -72,7 +72,7 @@ pub struct Activity {
 
 /// A request in flight on a connection; dropping it ends the request.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<Activity>);
+pub(crate) struct Busy(Arc<Activity>);
 
 // === impl Activity ===
 
@@ -99,7 +99,7 @@ impl Activity {
     }
 
     /// A request starts; the token ends it when dropped.
-    pub(crate) fn request(self: &Arc<Self>) -> InFlight {
+    pub(crate) fn request(self: &Arc<Self>) -> Busy {
         if !self.served.load(Ordering::Relaxed) {
             self.served.store(true, Ordering::Relaxed);
             // The watchdog's timer may be at the first-request bound, later than the
@@ -107,7 +107,7 @@ impl Activity {
             self.changed.notify_one();
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(self.clone())
+        Busy(self.clone())
     }
 
     /// The framing guard holds the start of a head that is not complete yet.
@@ -183,9 +183,9 @@ impl Activity {
     }
 }
 
-// === impl InFlight ===
+// === impl Busy ===
 
-impl Drop for InFlight {
+impl Drop for Busy {
     fn drop(&mut self) {
         let activity = &self.0;
         // Stored first: a watchdog that sees the count reach 0 must see when it did (the

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use tower::util::Oneshot;
 use tower::ServiceExt;
 
-use super::activity::{Activity, InFlight};
+use super::activity::{Activity, Busy};
 use super::stream::SendWait;
 use super::{ClientTls, HttpService};
 use crate::plumbing::client::PeerAddr;
@@ -73,7 +73,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 
 /// A response body that ends its request's in-flight count once fully sent (or dropped),
 /// and on HTTP/2 reports its frames to the stream's send timeout (`stream`).
-pub(crate) type TrackedBody = HeldBody<Body, Both<UntilEnd<InFlight>, Option<SendWait>>>;
+pub(crate) type TrackedBody = HeldBody<Body, Both<UntilEnd<Busy>, Option<SendWait>>>;
 
 pin_project_lite::pin_project! {
     /// One request through the pipeline, answered with `Keep-Alive` (HTTP/1) and a body
@@ -82,7 +82,7 @@ pin_project_lite::pin_project! {
         #[pin]
         response: Oneshot<HttpService, Request<Body>>,
         keep_alive: Option<HeaderValue>,
-        in_flight: Option<InFlight>,
+        in_flight: Option<Busy>,
     }
 }
 

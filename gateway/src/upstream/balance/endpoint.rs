@@ -112,9 +112,9 @@ impl EndpointState {
     }
 
     /// Counts one more request until the guard drops.
-    pub(crate) fn start(self: &Arc<Self>) -> InFlight {
+    pub(crate) fn start(self: &Arc<Self>) -> EndpointLoad {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        EndpointLoad(self.clone())
     }
 
     /// Whether the endpoint may be picked at `now`: not failed by active checks, not ejected.
@@ -263,9 +263,9 @@ pub(crate) fn nanos(d: Duration) -> Nanos {
 /// Counts a request in flight on an endpoint until dropped (when the response body ends or
 /// the attempt is abandoned).
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<EndpointState>);
+pub(crate) struct EndpointLoad(Arc<EndpointState>);
 
-impl Drop for InFlight {
+impl Drop for EndpointLoad {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use crate::config::{LoadBalancer, OutlierSettings};
 pub(crate) use balancer::{Balancer, Picked};
-pub(crate) use endpoint::{Address, Clock, Endpoint, EndpointState, InFlight, Now, Outcome};
+pub(crate) use endpoint::{Address, Clock, Endpoint, EndpointLoad, EndpointState, Now, Outcome};
 pub(crate) use health::Probe;
 
 /// The endpoints of an upstream at one moment, with the balancer's position.
