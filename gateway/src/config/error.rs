@@ -68,6 +68,18 @@ impl fmt::Display for ConfigIssue {
 pub(crate) struct Issues(Vec<ConfigIssue>);
 
 impl Issues {
+    /// No issue recorded (tests).
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The paths of the issues recorded, in order (tests).
+    #[cfg(test)]
+    pub(crate) fn paths(&self) -> Vec<&str> {
+        self.0.iter().map(|i| i.path.as_str()).collect()
+    }
+
     pub(crate) fn push(&mut self, path: impl Into<String>, reason: impl Into<String>) {
         self.0.push(ConfigIssue {
             path: path.into(),

@@ -2,6 +2,7 @@
 //! headers, rewrite, timeout, hedging, concurrency and priority, and idempotency settings.
 //! Every issue names its field (`routes[3].pattern`).
 
+pub(crate) mod cors;
 mod idempotency;
 mod matchers;
 mod path;
@@ -111,6 +112,10 @@ fn route(
         retry,
         idempotency,
         concurrency_per_caller: r.concurrency_per_caller,
+        cors: r
+            .cors
+            .as_ref()
+            .map(|raw| Arc::new(cors::cors(path, raw, issues))),
         priority,
     }
 }

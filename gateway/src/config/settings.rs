@@ -343,6 +343,8 @@ pub struct RouteSettings {
     pub concurrency_per_caller: Option<u32>,
     /// Whether the route may use the critical reserve of `server.load_shed_limit`.
     pub priority: Priority,
+    /// Browser origins that may call the route.
+    pub cors: Option<Arc<super::routes::cors::CorsSettings>>,
 }
 
 /// A route's load-shedding priority (`priority` on a route).

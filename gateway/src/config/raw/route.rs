@@ -91,6 +91,51 @@ pub struct RawRoute {
     /// Hedged first attempts for idempotent requests.
     #[serde(default)]
     pub hedge: Option<RawHedge>,
+    /// Browser origins that may call the route (preflights answered at the edge).
+    #[serde(default)]
+    pub cors: Option<RawCors>,
+}
+
+/// `cors = { allow_origins = [...], ... }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCors {
+    /// `"https://app.example.com"`, `"https://*.example.com"` or `"*"`.
+    pub allow_origins: Vec<String>,
+    /// Methods a preflight may ask for (default GET, HEAD, POST, PUT, PATCH, DELETE).
+    #[serde(default)]
+    pub allow_methods: Option<Vec<String>>,
+    /// Request headers a preflight may ask for (default: the gateway's client headers).
+    #[serde(default)]
+    pub allow_headers: Option<Vec<String>>,
+    /// Response headers a page may read (default: the rate-limit fields and request id).
+    #[serde(default)]
+    pub expose_headers: Option<Vec<String>>,
+    /// Cookies and credentials allowed (not with `"*"`).
+    #[serde(default)]
+    pub allow_credentials: bool,
+    /// How long a browser may cache a preflight answer.
+    #[serde(default = "RawCors::default_max_age")]
+    pub max_age: HumanDuration,
+}
+
+impl RawCors {
+    fn default_max_age() -> HumanDuration {
+        HumanDuration::secs(600)
+    }
+}
+
+impl Default for RawCors {
+    fn default() -> Self {
+        Self {
+            allow_origins: Vec::new(),
+            allow_methods: None,
+            allow_headers: None,
+            expose_headers: None,
+            allow_credentials: false,
+            max_age: Self::default_max_age(),
+        }
+    }
 }
 
 /// `hedge = { after = "p95" }` on a route.
