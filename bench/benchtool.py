@@ -254,7 +254,10 @@ def summarize(outdir):
         f"`portcullis` binary built {meta.get('binary_built', '?')}; "
         f"{meta.get('cpu', '?')}, nproc {meta.get('nproc', '?')}; load generator `taskset -c "
         f"{meta.get('client_cpu')}`, system under test `taskset -c {meta.get('sut_cpu')}`; "
-        f"Portcullis `worker_threads = 1`, nginx `worker_processes 1`, bench-upstream 1 thread.\n"
+        f"Portcullis `worker_threads = 1`, nginx `worker_processes 1`, HAProxy `nbthread 1`, Caddy "
+        f"`GOMAXPROCS=1`, pingora `threads: 1`, bench-upstream 1 thread (peers present: "
+        f"{meta.get('peers', 'nginx')}; {meta.get('nginx', '')}; {meta.get('haproxy', '') or 'no HAProxy'}; "
+        f"Caddy {meta.get('caddy', '') or 'absent'}; pingora {meta.get('pingora', '?')}).\n"
     )
 
     for phase, title, note in (
@@ -322,6 +325,20 @@ def summarize(outdir):
                 xs = _ratios(by, rounds, "pc-pass", "nginx")
                 w(f"\nPass-through goal (issue 2): req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
                   f"({'met' if _median(xs) >= 1.0 else '**missed**'}).")
+            peers = [t for t in ("nginx", "haproxy", "caddy", "pingora", "floor-pooled", "floor-dedicated")
+                     if t in targets]
+            if "pc-pass" in targets and len(peers) > 1:
+                w("\nPass-through against every peer (GET, same rounds; medians of same-round ratios, "
+                  "min–max over rounds):\n")
+                w("| proxy | req/s | p99 | × nginx | pc-pass × this proxy |")
+                w("|---|---:|---:|---:|---:|")
+                for t in peers + ["pc-pass"]:
+                    mine = [r for r in prow if r["target"] == t]
+                    xs = _ratios(by, rounds, t, "nginx")
+                    ys = _ratios(by, rounds, "pc-pass", t)
+                    span = lambda v: f"{_median(v):.2f} ({min(v):.2f}–{max(v):.2f})" if v else "–"
+                    w(f"| {t} | {_median([r['rps'] for r in mine]):,.0f} | {_us(_median([r['p99'] for r in mine]))} | "
+                      f"{span(xs)} | {span(ys) if t != 'pc-pass' else '1.00'} |")
             floors = [t for t in ("floor-pooled", "floor-dedicated") if t in targets and "nginx" in targets]
             if floors:
                 w("\nThe floor (`--floor`: `bench-bareproxy`, hyper's server and client with nothing between "
@@ -366,7 +383,8 @@ def summarize(outdir):
             w(
                 f"\nMemory idempotency store: {recs:,} keyed first executions went to gw-mem (all keys unique, "
                 f"kept 24 h); the store's own accounting (`idempotency_stored_bytes`) says {stored / 2**20:.1f} MiB "
-                f"(bound `memory_max_bytes` = 256 MiB), evictions {m.get('mem_evictions', '?')}; the process grew "
+                f"(bound `memory_max_bytes` = {int(m.get('memory_max_bytes') or 0) / 2**20:,.0f} MiB, set so that "
+                f"nothing is refused), evictions {m.get('mem_evictions', '?')}; the process grew "
                 f"{grow / 2**20:.0f} MiB over the pass-through gateway's peak, i.e. ≈ {grow / max(recs, 1):,.0f} B of "
                 f"RSS per record vs ≈ {stored / max(recs, 1):,.0f} B accounted."
             )
