@@ -312,7 +312,7 @@ def summarize(outdir):
                 w("|---|---:|---:|---|")
                 for t in keyed:
                     xs = _ratios(by, rounds, t, "pc-unkeyed")
-                    goal = "≥ 0.80 (issue 4)" if t == "pc-keyed-mem" else "(no goal; reported)"
+                    goal = "≥ 0.80" if t == "pc-keyed-mem" else "(no goal; reported)"
                     verdict = ""
                     if t == "pc-keyed-mem" and xs:
                         verdict = " — met" if _median(xs) >= 0.8 else " — **missed**"
@@ -323,7 +323,7 @@ def summarize(outdir):
                   f"{_median(xs):.2f} (median of same-round ratios, {min(xs):.2f}–{max(xs):.2f}).")
             if "pc-pass" in targets and "nginx" in targets:
                 xs = _ratios(by, rounds, "pc-pass", "nginx")
-                w(f"\nPass-through goal (issue 2): req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
+                w(f"\nPass-through goal: req/s ≥ 1.00 × nginx → measured {_median(xs):.2f} × "
                   f"({'met' if _median(xs) >= 1.0 else '**missed**'}).")
             peers = [t for t in ("nginx", "haproxy", "caddy", "pingora", "floor-pooled", "floor-dedicated")
                      if t in targets]
@@ -351,7 +351,7 @@ def summarize(outdir):
                     w(f"| {t} | {_median(xs):.2f} | {_median(ys):.2f} |")
         if phase == "lat" and "pc-pass" in targets and "nginx" in targets:
             xs = _ratios(by, rounds, "pc-pass", "nginx", "p99")
-            w(f"\nPass-through goal (issue 2): p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "
+            w(f"\nPass-through goal: p99 ≤ 1.2 × nginx at equal load → measured {_median(xs):.2f} × "
               f"({'met' if _median(xs) <= 1.2 else '**missed**'}).")
 
     _rate_limit_section(w, rows, raw, meta)
@@ -489,7 +489,7 @@ def _rate_limit_section(w, rows, raw, meta):
     names = {r["target"] for r in rows}
     if "pc-rl-local" not in names:
         return
-    w("\n### Rate limiting (issues 3 and 7)\n")
+    w("\n### Rate limiting\n")
     w(
         "`pc-rl-local`: GET through a gateway whose one tenant (`Authorization: Bearer <key>`) and "
         "`[rate_limit] global` bucket have rate = burst = 10⁶ per second (far above the load; the limiter accepts up to 10⁹), state in memory — every request is "

@@ -663,7 +663,7 @@ log "store round trips: $RT_N first executions + $RT_N replays per store"
     echo "such as BEGIN/COMMIT included); *segments* are TCP data segments the store's listening socket"
     echo "received from the gateway (\`ss -ti\` \`data_segs_in\` deltas over established connections) — one"
     echo "per request message, so this also counts what the statement statistics cannot see (e.g. sqlx"
-    echo "connection pings, Sync-only messages). Goal (issue 4): 2 round trips for a first execution"
+    echo "connection pings, Sync-only messages). Goal: 2 round trips for a first execution"
     echo "(lock, complete), 1 for a replay."
     echo
     echo "| store | phase | answers 201 / replayed | commands per request (Redis: incl. those run inside Lua) | EVAL/EVALSHA per request | segments into store per request | detail (per request) |"
@@ -727,7 +727,7 @@ ANCHOR_TPS=$(pgbench_anchor "$PGBIN" "$PG_PORT" "$PG_POOL" "$DURATION" "$ROUNDS"
     echo
     echo "Through \`gw-rl-redis\` (\`storage.state\` = Redis: tenant + global bucket in one Lua script;"
     echo "idempotency in the same Redis for POST/PATCH), $RT_N requests sequentially over one keep-alive"
-    echo "connection. *Decisions* = the gateway's \`ratelimit_redis_decision_seconds\` count. Goal (issues 3, 7):"
+    echo "connection. *Decisions* = the gateway's \`ratelimit_redis_decision_seconds\` count. Goal:"
     echo "exactly 1 Redis round trip (1 EVALSHA) per rate-limit decision; the idempotency store adds its own"
     echo "2 (first execution) / 1 (replay), measured above."
     echo
@@ -850,7 +850,7 @@ if [[ $AMP == 1 ]]; then
     NAIVE_EXTRA='retry = { max_retries = 3, base = "10ms", cap = "10ms", total = "5s", budget_percent = 50 }
 circuit_breaker = { failure_rate = 1.0, min_requests = 1000000 }   # effectively off'
     {
-        echo "### Retry amplification (issue 5)"
+        echo "### Retry amplification"
         echo
         echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, CPU $CLIENT_CPU):"
         echo "GET at a constant $AMP_RATE req/s; backend healthy for ${AMP_WARMUP} s, then \`503\` (no \`Retry-After\`)"
