@@ -121,9 +121,12 @@ async def _openloop(args):
     results = []  # (sent, done, status)
     events = {}
 
-    async def one(sent):
+    # Every request is a distinct operation (its own query string): identical GETs from one
+    # address within `client_retry_window` are what the gateway treats as a client's retries
+    # of one operation (one attempt each), which is another scenario (bench/multiplication.sh).
+    async def one(sent, seq):
         try:
-            status, _ = await _http_get(u.hostname, u.port, u.path or "/", args.timeout)
+            status, _ = await _http_get(u.hostname, u.port, f"{u.path or '/'}?op={seq}", args.timeout)
         except Exception:  # noqa: BLE001 - any failure is "no answer"
             status = 0
         results.append((sent, loop.time(), status))
@@ -148,7 +151,7 @@ async def _openloop(args):
         delay = at - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(loop.time())))
+        tasks.append(asyncio.create_task(one(loop.time(), i)))
     for when, name, command in plan:  # only if the schedule ends before an event
         await control(name, command)
     await asyncio.wait(tasks, timeout=args.timeout + 5)

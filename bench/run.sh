@@ -852,7 +852,7 @@ circuit_breaker = { failure_rate = 1.0, min_requests = 1000000 }   # effectively
     {
         echo "### Retry amplification"
         echo
-        echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, CPU $CLIENT_CPU):"
+        echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, each a distinct operation (\`?op=N\`), CPU $CLIENT_CPU):"
         echo "GET at a constant $AMP_RATE req/s; backend healthy for ${AMP_WARMUP} s, then \`503\` (no \`Retry-After\`)"
         echo "for every request for ${AMP_OUTAGE} s, then healthy for ${AMP_AFTER} s. *Attempts* = requests the backend"
         echo "received between the two switches; *requests* = client requests sent in that interval."
