@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi-core check (issue 14): 2 workers each, nothing pinned. nginx (worker_processes 2,
-# the shared peer config) vs Portcullis (worker_threads 2), pass-through and local rate
+# bench/peers/nginx.conf) vs Portcullis (worker_threads 2), pass-through and local rate
 # limit (tenant + global bucket that never rejects), wrk -t2 -c128 -d5s, 3 rounds alternating.
 # Also `pc-pass-2x1`: two Portcullis processes with one worker each (19815, 19817), each
 # driven by its own wrk -t1 -c64 at the same time, their req/s summed: what one process per
@@ -24,7 +24,8 @@ UP2=19820
 $BIN/bench-upstream --port $UP2 --threads 2 --http2 > $D/up2.log 2>&1 & UP2P=$!
 UP3=19823
 $BIN/bench-upstream --port $UP3 --threads 2 --tls $D/ca.pem > $D/up3.log 2>&1 & UP3P=$!
-sed -e 's/^worker_processes 1;/worker_processes 2;/' $ROOT/../shared/bench/nginx.conf > $D/nginx/nginx.conf
+sed -e 's/^worker_processes 1;/worker_processes 2;/' -e 's/@UPSTREAM@/18080/g' -e 's/@NGINX_PROXY@/18090/g' \
+    -e 's/@NGINX_LIMIT@/18091/g' $ROOT/bench/peers/nginx.conf > $D/nginx/nginx.conf
 nginx -p $D/nginx/ -c $D/nginx/nginx.conf -e $D/nginx/error.log > $D/nginx.log 2>&1 & NGP=$!
 mk() { # name port admin rl [workers] [upstream: 0 HTTP/1.1, 1 HTTP/2, 2 HTTPS]
 cat > $D/$1.toml <<TOML

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Portcullis benchmark harness: Portcullis vs nginx vs the bare backend, on loopback, pinned.
+# Portcullis benchmark harness: Portcullis vs nginx, HAProxy, Caddy, a pingora proxy and the bare
+# backend, on loopback, pinned. Every peer's configuration is in bench/peers/ (nothing outside
+# the repository is read).
 #
 # Usage:
 #   bench/run.sh [--no-build] [--quick] [--profile] [--no-amp] [--jemalloc] [--floor]
 #
-#   --no-build   use the release binaries already in $CARGO_TARGET_DIR (default target-bench/)
+#   --no-build   use the release binaries already in $CARGO_TARGET_DIR (default target-bench/),
+#                bench-pingora-proxy included
 #   --quick      smoke run: 2 rounds x 2 s, short amplification scenario (numbers not citable)
 #   --profile    also measure CPU/request, syscalls/request (strace -c -f) and a perf profile
 #                of the pass-through gateway vs nginx (adds ~40 s)
@@ -27,11 +30,17 @@
 # Needs: wrk, nginx, redis-server + redis-cli, PostgreSQL server binaries
 # (/usr/lib/postgresql/*/bin, with pg_stat_statements), python3, curl, ss, taskset; perf and
 # strace for --profile. Run as root (PostgreSQL is started as user postgres via runuser).
+# Optional peers, each skipped with a message when missing: haproxy, caddy (Debian packages of
+# those names), bench-pingora-proxy (bench/pingora-proxy/, built here; its zlib-ng needs cmake).
 #
 # What it does (all on 127.0.0.1, every process started here is stopped by PID on exit):
-#   1. builds `portcullis` and `bench-upstream` (cargo build --release) unless --no-build;
-#   2. starts bench-upstream (1 thread), nginx (copy of ../shared/bench/nginx.conf with ports
-#      moved, proxy_pass with upstream keep-alive + the limit_req server), redis-server,
+#   1. builds `portcullis`, `bench-upstream` and `bench-pingora-proxy` (cargo build --release;
+#      the pingora proxy is its own crate, outside the workspace) unless --no-build;
+#   2. starts bench-upstream (1 thread); the peers from bench/peers/ with their @PORT@
+#      placeholders filled in: nginx (nginx.conf: proxy_pass with upstream keep-alive + a
+#      limit_req server), HAProxy (haproxy.cfg: the same + a stick-table rate check), Caddy
+#      (Caddyfile, GOMAXPROCS=1) and bench-pingora-proxy (1 thread), each checked with a curl
+#      that must reach the backend through it; redis-server,
 #      PostgreSQL (initdb in a temp dir, trust auth), and seven Portcullis processes
 #      (worker_threads = 1): pass-through; idempotency in memory; in Redis; in PostgreSQL;
 #      local rate limit (tenant + global bucket, rates that never reject); local rate limit +
@@ -61,7 +70,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH=$ROOT/bench
-SHARED_NGINX=${SHARED_NGINX:-$ROOT/../shared/bench/nginx.conf}
+PEERS=$BENCH/peers
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-bench}
 BIN=$CARGO_TARGET_DIR/release
 
@@ -93,12 +102,16 @@ for v in ROUNDS DURATION CONNS LAT_ROUNDS LAT_DURATION LAT_CONNS RT_N AMP_RATE A
 done
 ((ROUNDS <= 50 && DURATION <= 60 && LAT_ROUNDS <= 20 && LAT_DURATION <= 60 && AMP_OUTAGE <= 120)) || { echo "rounds/durations too large" >&2; exit 2; }
 
+declare -A PKG=([wrk]=wrk [nginx]=nginx [redis-server]=redis-server [redis-cli]=redis-tools
+    [python3]=python3 [curl]=curl [ss]=iproute2 [taskset]=util-linux [runuser]=util-linux)
 for tool in wrk nginx redis-server redis-cli python3 curl ss taskset runuser; do
-    command -v "$tool" >/dev/null || { echo "missing tool: $tool" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { echo "missing tool: $tool (Debian: apt-get install ${PKG[$tool]})" >&2; exit 1; }
 done
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
-[[ -n $PGBIN && -x $PGBIN/initdb ]] || { echo "missing PostgreSQL server binaries (/usr/lib/postgresql/*/bin)" >&2; exit 1; }
-[[ -f $SHARED_NGINX ]] || { echo "missing $SHARED_NGINX" >&2; exit 1; }
+[[ -n $PGBIN && -x $PGBIN/initdb ]] || { echo "missing PostgreSQL server binaries (/usr/lib/postgresql/*/bin; Debian: apt-get install postgresql)" >&2; exit 1; }
+for f in nginx.conf haproxy.cfg Caddyfile; do
+    [[ -f $PEERS/$f ]] || { echo "missing $PEERS/$f" >&2; exit 1; }
+done
 
 log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -106,6 +119,9 @@ log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 if [[ $BUILD == 1 ]]; then
     log "building release binaries into $CARGO_TARGET_DIR"
     (cd "$ROOT" && cargo build --release -p portcullis-gateway -p portcullis-testkit)
+    # Not a workspace member (the root Cargo.toml excludes it): its own lock file, same target dir.
+    cargo build --release --locked --manifest-path "$BENCH/pingora-proxy/Cargo.toml" ||
+        log "bench-pingora-proxy did not build: the pingora peer will be skipped"
 fi
 for b in portcullis bench-upstream bench-openloop; do
     [[ -x $BIN/$b ]] || { echo "missing $BIN/$b (run without --no-build)" >&2; exit 1; }
@@ -179,10 +195,12 @@ wait_http() {
 
 pick_port UP 28080
 pick_port AMP_UP 28100
-pick_port NGX_ORIGIN 28180
 pick_port NGX_PROXY 28190
 pick_port NGX_LIMIT 28191
-pick_port NGX_REJECT 28194
+pick_port HAP_PROXY 28200
+pick_port HAP_LIMIT 28201
+pick_port CADDY_PROXY 28210
+pick_port PINGORA_PROXY 28220
 pick_port REDIS_PORT 28300
 pick_port PG_PORT 28400
 pick_port GW_PASS 28500
@@ -217,6 +235,9 @@ pick_port ADMIN_BASE 28600
     echo "lat_duration=$LAT_DURATION"
     echo "wrk=$(wrk -v 2>&1 | sed -n 1p)"
     echo "nginx=$(nginx -v 2>&1)"
+    echo "haproxy=$(haproxy -v 2>/dev/null | sed -n 1p || true)"
+    echo "caddy=$(caddy version 2>/dev/null || true)"
+    echo "pingora=$(grep -A1 '^name = "pingora"$' "$BENCH/pingora-proxy/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')"
     echo "redis=$(redis-server --version)"
     echo "postgres=$("$PGBIN/postgres" --version)"
     echo "loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -229,14 +250,35 @@ UP_PID=$!
 PIDS+=("$UP_PID")
 wait_http "http://127.0.0.1:$UP/__bench/stats"
 
-# --------------------------------------------------------------------------- nginx
+# --------------------------------------------------------------------------- peers
+# render_peer FILE DEST: bench/peers/FILE with every @NAME@ placeholder replaced by a port picked
+# above; refuses a placeholder it does not know (a typo would otherwise bind a literal "@X@").
+render_peer() {
+    sed -e "s/@UPSTREAM@/$UP/g" -e "s/@NGINX_PROXY@/$NGX_PROXY/g" -e "s/@NGINX_LIMIT@/$NGX_LIMIT/g" \
+        -e "s/@HAPROXY_PROXY@/$HAP_PROXY/g" -e "s/@HAPROXY_LIMIT@/$HAP_LIMIT/g" \
+        -e "s/@CADDY_PROXY@/$CADDY_PROXY/g" "$PEERS/$1" >"$2"
+    if grep -n '^[^#]*@[A-Z_]*@' "$2" >&2; then echo "$1: unknown placeholder" >&2; exit 1; fi
+    cp "$2" "$RAW/peer-$1"
+}
+# check_proxies NAME:PORT...: one GET through each must come back as the backend's answer and
+# be counted by the backend (so a peer answering by itself, or an error page, is caught).
+check_proxies() {
+    local np name port hits0 hits1 body
+    for np in "$@"; do
+        name=${np%%:*} port=${np#*:}
+        hits0=$(curl -fs --max-time 5 "http://127.0.0.1:$UP/__bench/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"])')
+        body=$(curl -fs --max-time 5 "http://127.0.0.1:$port/x") || { echo "$name (:$port) does not answer 2xx" >&2; exit 1; }
+        hits1=$(curl -fs --max-time 5 "http://127.0.0.1:$UP/__bench/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hits"])')
+        [[ $body == "$EXPECTED_BODY" && $hits1 -gt $hits0 ]] ||
+            { echo "$name (:$port) is not proxying to the backend (body '$body', backend hits $hits0 -> $hits1)" >&2; exit 1; }
+        log "$name proxies to the backend (:$port)"
+    done
+}
+# Peers that are present; the optional ones are skipped with a message when missing.
+PEER_NAMES=(nginx)
+
 mkdir -p "$TMP/nginx"
-sed -e "s/127\.0\.0\.1:18080/127.0.0.1:$UP/; s/127\.0\.0\.1:18081/127.0.0.1:$NGX_ORIGIN/" \
-    -e "s/127\.0\.0\.1:18090/127.0.0.1:$NGX_PROXY/; s/127\.0\.0\.1:18091/127.0.0.1:$NGX_LIMIT/" \
-    -e "s/127\.0\.0\.1:18094/127.0.0.1:$NGX_REJECT/" \
-    -e "s|^http {|http {\n    client_body_temp_path body; proxy_temp_path proxy; fastcgi_temp_path fastcgi; uwsgi_temp_path uwsgi; scgi_temp_path scgi;|" \
-    "$SHARED_NGINX" >"$TMP/nginx/nginx.conf"
-cp "$TMP/nginx/nginx.conf" "$RAW/nginx.conf"
+render_peer nginx.conf "$TMP/nginx/nginx.conf"
 log "nginx on :$NGX_PROXY (proxy_pass) :$NGX_LIMIT (limit_req)"
 taskset -c "$SUT_CPU" nginx -p "$TMP/nginx/" -c "$TMP/nginx/nginx.conf" -e "$TMP/nginx/error.log" >"$RAW/nginx.log" 2>&1 &
 NGX_PID=$!
@@ -244,6 +286,57 @@ PIDS+=("$NGX_PID")
 wait_http "http://127.0.0.1:$NGX_PROXY/x"
 wait_http "http://127.0.0.1:$NGX_LIMIT/x"
 NGX_WORKER=$(pgrep -P "$NGX_PID" | sed -n 1p)
+
+HAP_PID=""
+if command -v haproxy >/dev/null; then
+    render_peer haproxy.cfg "$TMP/haproxy.cfg"
+    log "HAProxy on :$HAP_PROXY (proxy) :$HAP_LIMIT (stick-table rate check)"
+    taskset -c "$SUT_CPU" haproxy -db -f "$TMP/haproxy.cfg" >"$RAW/haproxy.log" 2>&1 &
+    HAP_PID=$!
+    PIDS+=("$HAP_PID")
+    wait_http "http://127.0.0.1:$HAP_PROXY/x"
+    wait_http "http://127.0.0.1:$HAP_LIMIT/x"
+    PEER_NAMES+=(haproxy)
+else
+    log "SKIPPED peer HAProxy: no haproxy on PATH (apt-get install haproxy)"
+fi
+
+CADDY_PID=""
+if command -v caddy >/dev/null; then
+    render_peer Caddyfile "$TMP/Caddyfile"
+    mkdir -p "$TMP/caddy"
+    log "Caddy on :$CADDY_PROXY (reverse_proxy, GOMAXPROCS=1)"
+    # Caddy keeps its state under XDG_DATA_HOME/XDG_CONFIG_HOME: the temp directory, not $HOME.
+    GOMAXPROCS=1 XDG_DATA_HOME=$TMP/caddy XDG_CONFIG_HOME=$TMP/caddy \
+        taskset -c "$SUT_CPU" caddy run --adapter caddyfile --config "$TMP/Caddyfile" >"$RAW/caddy.log" 2>&1 &
+    CADDY_PID=$!
+    PIDS+=("$CADDY_PID")
+    wait_http "http://127.0.0.1:$CADDY_PROXY/x"
+    PEER_NAMES+=(caddy)
+else
+    log "SKIPPED peer Caddy: no caddy on PATH (apt-get install caddy)"
+fi
+
+PINGORA_PID=""
+if [[ -x $BIN/bench-pingora-proxy ]]; then
+    log "pingora proxy on :$PINGORA_PROXY (bench/pingora-proxy, 1 thread)"
+    taskset -c "$SUT_CPU" "$BIN/bench-pingora-proxy" --listen "127.0.0.1:$PINGORA_PROXY" \
+        --upstream "127.0.0.1:$UP" >"$RAW/pingora.log" 2>&1 &
+    PINGORA_PID=$!
+    PIDS+=("$PINGORA_PID")
+    wait_http "http://127.0.0.1:$PINGORA_PROXY/x"
+    PEER_NAMES+=(pingora)
+else
+    log "SKIPPED peer pingora: no $BIN/bench-pingora-proxy (cargo build --release --manifest-path bench/pingora-proxy/Cargo.toml)"
+fi
+
+EXPECTED_BODY=$(curl -fs --max-time 5 "http://127.0.0.1:$UP/x")
+PEER_PORTS=("nginx:$NGX_PROXY" "nginx-limit:$NGX_LIMIT")
+[[ -n $HAP_PID ]] && PEER_PORTS+=("haproxy:$HAP_PROXY" "haproxy-limit:$HAP_LIMIT")
+[[ -n $CADDY_PID ]] && PEER_PORTS+=("caddy:$CADDY_PROXY")
+[[ -n $PINGORA_PID ]] && PEER_PORTS+=("pingora:$PINGORA_PROXY")
+check_proxies "${PEER_PORTS[@]}"
+echo "peers=${PEER_NAMES[*]}" >>"$RAW/meta.env"
 
 # --------------------------------------------------------------------------- redis
 mkdir -p "$TMP/redis"
@@ -274,6 +367,7 @@ declare -A GW_PID GW_ADMIN GW_WHAT
 # The rate-limited gateways' one tenant. Rates are so high that nothing is ever rejected: the
 # benchmark measures the cost of a decision, not of a rejection (as nginx's limit_req zone).
 BENCH_API_KEY="pc-bench-$RUN_ID-0123456789abcdef"
+MEMORY_MAX_BYTES=$((4 << 30)) # 4 GiB: accounted, not reserved; RSS follows what is stored
 HUGE=1000000 # far above what one worker serves; the limiter accepts up to 1 per ns (10⁹/s), beyond that it logs "invalid stored limit ignored" and skips the policy
 RL_BLOCK="[rate_limit]
 global = { rate = $HUGE, per = \"1s\", burst = $HUGE }
@@ -305,6 +399,11 @@ write_config() {
         echo "state = \"$state\""
         echo "idempotency = \"$store\""
         echo "database = \"sqlite://$TMP/$name.db\""
+        # The memory store never evicts a live record (a full share answers 503
+        # idempotency-store-full) and a record lives at least 24 h: a bound far above what a
+        # run writes (~1 M keyed requests, ~0.5 KB each; half of it is the tenant's share in
+        # the rate-limited gateways), so keyed runs measure stores, not refusals.
+        echo "memory_max_bytes = $MEMORY_MAX_BYTES"
         echo
         # nginx runs with `access_log off` (the peer configuration): the gateway too, unless
         # ACCESS_LOG=1 asks to measure the cost of its per-request line.
@@ -383,6 +482,10 @@ TARGETS=(
     "direct|get|http://127.0.0.1:$UP/x|GET|"
     "nginx|get|http://127.0.0.1:$NGX_PROXY/x|GET|"
     "nginx-limit|get|http://127.0.0.1:$NGX_LIMIT/x|GET||auth"
+    $([[ -n $HAP_PID ]] && echo "haproxy|get|http://127.0.0.1:$HAP_PROXY/x|GET|" || true) # || true: set -e
+    $([[ -n $HAP_PID ]] && echo "haproxy-limit|get|http://127.0.0.1:$HAP_LIMIT/x|GET||auth" || true)
+    $([[ -n $CADDY_PID ]] && echo "caddy|get|http://127.0.0.1:$CADDY_PROXY/x|GET|" || true)
+    $([[ -n $PINGORA_PID ]] && echo "pingora|get|http://127.0.0.1:$PINGORA_PROXY/x|GET|" || true)
     "pc-pass|get|http://127.0.0.1:$GW_PASS/x|GET|"
     "pc-rl-local|get|http://127.0.0.1:$GW_RL/x|GET||auth"
     "pc-rl-redis|get|http://127.0.0.1:$GW_RL_REDIS/x|GET||auth"
@@ -465,6 +568,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     log "round $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
     for spec in "${order[@]}"; do run_wrk tput "$r" "$spec" "$DURATION" "$CONNS" 0; done
 done
+
+# Keyed targets must measure stores, not refusals (503 idempotency-store-full) or errors.
+BAD_KEYED=$(awk -F'\t' '$1 == "tput" && $3 ~ /keyed/ && $9 > 0 { printf "%s r%s: %s non-2xx; ", $3, $2, $9 }' "$RAW/runs.tsv")
+if [[ -n $BAD_KEYED ]]; then log "WARNING: keyed targets answered non-2xx: $BAD_KEYED"; else log "keyed targets: every answer 2xx"; fi
 
 # --------------------------------------------------------------------------- open-loop latency
 # Each pair: mode | nginx reference (its saturation rate sets the offered rates) | Portcullis.
@@ -556,7 +663,7 @@ log "store round trips: $RT_N first executions + $RT_N replays per store"
     echo "such as BEGIN/COMMIT included); *segments* are TCP data segments the store's listening socket"
     echo "received from the gateway (\`ss -ti\` \`data_segs_in\` deltas over established connections) — one"
     echo "per request message, so this also counts what the statement statistics cannot see (e.g. sqlx"
-    echo "connection pings, Sync-only messages). Goal (issue 4): 2 round trips for a first execution"
+    echo "connection pings, Sync-only messages). Goal: 2 round trips for a first execution"
     echo "(lock, complete), 1 for a replay."
     echo
     echo "| store | phase | answers 201 / replayed | commands per request (Redis: incl. those run inside Lua) | EVAL/EVALSHA per request | segments into store per request | detail (per request) |"
@@ -620,7 +727,7 @@ ANCHOR_TPS=$(pgbench_anchor "$PGBIN" "$PG_PORT" "$PG_POOL" "$DURATION" "$ROUNDS"
     echo
     echo "Through \`gw-rl-redis\` (\`storage.state\` = Redis: tenant + global bucket in one Lua script;"
     echo "idempotency in the same Redis for POST/PATCH), $RT_N requests sequentially over one keep-alive"
-    echo "connection. *Decisions* = the gateway's \`ratelimit_redis_decision_seconds\` count. Goal (issues 3, 7):"
+    echo "connection. *Decisions* = the gateway's \`ratelimit_redis_decision_seconds\` count. Goal:"
     echo "exactly 1 Redis round trip (1 EVALSHA) per rate-limit decision; the idempotency store adds its own"
     echo "2 (first execution) / 1 (replay), measured above."
     echo
@@ -658,6 +765,9 @@ rss_line() { # NAME WHAT PID
     for g in gw-pass gw-mem gw-redis gw-pg gw-rl gw-rl-mem gw-rl-redis; do rss_line "portcullis $g" "${GW_WHAT[$g]}" "${GW_PID[$g]}"; done
     if [[ $JEMALLOC == 1 ]]; then rss_line "portcullis gw-pass-je" "${GW_WHAT[gw-pass-je]}" "${GW_PID[gw-pass-je]}"; fi
     rss_line "nginx worker" "GET + POST proxy_pass, limit_req" "$NGX_WORKER"
+    if [[ -n $HAP_PID ]]; then rss_line "haproxy" "GET proxy, stick-table rate check" "$HAP_PID"; fi
+    if [[ -n $CADDY_PID ]]; then rss_line "caddy" "GET reverse_proxy" "$CADDY_PID"; fi
+    if [[ -n $PINGORA_PID ]]; then rss_line "bench-pingora-proxy" "GET proxy" "$PINGORA_PID"; fi
     rss_line "bench-upstream" "every target" "$UP_PID"
     rss_line "redis-server" "idempotency records" "$REDIS_PID"
 } >"$RAW/rss.tsv"
@@ -740,9 +850,9 @@ if [[ $AMP == 1 ]]; then
     NAIVE_EXTRA='retry = { max_retries = 3, base = "10ms", cap = "10ms", total = "5s", budget_percent = 50 }
 circuit_breaker = { failure_rate = 1.0, min_requests = 1000000 }   # effectively off'
     {
-        echo "### Retry amplification (issue 5)"
+        echo "### Retry amplification"
         echo
-        echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, CPU $CLIENT_CPU):"
+        echo "Open-loop client (\`bench/benchtool.py openloop\`, one new connection per request, each a distinct operation (\`?op=N\`), CPU $CLIENT_CPU):"
         echo "GET at a constant $AMP_RATE req/s; backend healthy for ${AMP_WARMUP} s, then \`503\` (no \`Retry-After\`)"
         echo "for every request for ${AMP_OUTAGE} s, then healthy for ${AMP_AFTER} s. *Attempts* = requests the backend"
         echo "received between the two switches; *requests* = client requests sent in that interval."
@@ -799,6 +909,7 @@ redis-cli -p "$REDIS_PORT" info memory >"$RAW/redis-memory.txt" 2>/dev/null || t
 {
     echo "keyed_mem_requests=$(awk -F'\t' '$3 == "pc-keyed-mem" { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")"
     echo "mem_stored_bytes=$(awk '/^idempotency_stored_bytes/ { print $NF }' "$RAW/metrics-gw-mem.txt" | sed -n 1p)"
+    echo "memory_max_bytes=$MEMORY_MAX_BYTES"
     echo "mem_evictions=$(awk '/^idempotency_evictions_total/ { s += $NF } END { print s + 0 }' "$RAW/metrics-gw-mem.txt")"
     echo "rl_mem_keyed_requests=$(awk -F'\t' '$3 == "pc-rl-keyed-mem" { s += $8 } END { print s + 0 }' "$RAW/runs.tsv")"
     echo "rl_mem_stored_bytes=$(awk '/^idempotency_stored_bytes/ { print $NF }' "$RAW/metrics-gw-rl-mem.txt" | sed -n 1p)"
