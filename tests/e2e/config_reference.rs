@@ -156,6 +156,7 @@ concurrency_per_caller = 1
 max_in_flight = 1
 priority = "normal"
 hedge = { after = "p95" }
+cors = { allow_origins = ["https://app.example.com"], allow_methods = ["GET"], allow_headers = ["x-a"], expose_headers = ["x-b"], allow_credentials = true, max_age = "1m" }
 
 [demo]
 enabled = false

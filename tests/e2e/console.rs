@@ -8,7 +8,7 @@
 //! With `PORTCULLIS_CONSOLE_SCREENSHOTS=<dir>` the browser test also saves a PNG of every
 //! page there (`scripts/console-screenshots.sh` refreshes `docs/console/`).
 
-mod webdriver;
+pub(crate) mod webdriver;
 
 use std::path::PathBuf;
 

@@ -86,6 +86,8 @@ mod edge_credentials;
 mod startup_messages;
 // The README's and docs pages' `sh test` blocks, verbatim, against the embedded default on its default ports; their relative links resolve.
 mod readme;
+// CORS at the edge from headless Chromium: allowed and refused origins, preflights answered without reaching the upstream or charging the tenant.
+mod cors;
 // Rules over the repository's files: data-plane folders import only downward; sources cite only what the repository holds.
 mod repository;
 // docs/configuration.md documents exactly the fields the configuration parser accepts.

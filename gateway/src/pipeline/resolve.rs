@@ -19,12 +19,13 @@ use portcullis_control::Directory;
 use portcullis_problem::Problem;
 
 use crate::pipeline::auth_failures::{self, AuthFailures};
+use crate::pipeline::cors::{self, CorsAnswer};
 use crate::pipeline::jwt::JwtAuth;
 use crate::pipeline::router::{Lookup, RouteRequest, RouteTable};
 use crate::pipeline::tenant;
 use crate::plumbing::client::{PeerAddr, TrustedProxies};
 use crate::plumbing::context::RequestContext;
-use crate::plumbing::step::Step;
+use crate::plumbing::step::{Finish, Step};
 use crate::telemetry::{Exchange, Resolution};
 
 /// 405: a route matches everything but the method. `Allow` lists the methods that would
@@ -95,9 +96,22 @@ impl Resolve {
 }
 
 impl Step for Resolve {
-    type Finish = ();
+    type Finish = CorsAnswer;
 
-    fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
+    fn step(&self, request: &mut Request<Body>) -> Result<CorsAnswer, Response<Body>> {
+        // A CORS preflight is answered for the route of the method it asks about, before any
+        // caller is resolved: no credential, no charge, nothing upstream.
+        if let Some(method) = cors::preflight_method(request) {
+            let on = RouteRequest {
+                method: &method,
+                ..RouteRequest::of(request)
+            };
+            if let Lookup::Route(route) = self.routes.find(&on) {
+                if let Some(cors) = &route.settings.cors {
+                    return Err(cors::answer_preflight(cors, request.headers(), &method));
+                }
+            }
+        }
         let on = RouteRequest::of(request);
         let route = match self.routes.find(&on) {
             Lookup::Route(route) => route.clone(),
@@ -134,6 +148,7 @@ impl Step for Resolve {
                 resolved
             }
         };
+        let answer = CorsAnswer::of(request, route.settings.cors.as_ref());
         let caller = match resolved {
             Ok(caller) => caller,
             Err(refusal) => {
@@ -143,7 +158,8 @@ impl Step for Resolve {
                         context: None,
                     });
                 }
-                return Err(refusal);
+                // A page reads why it was refused too.
+                return Err(answer.finish(refusal));
             }
         };
         let context = Arc::new(RequestContext {
@@ -158,7 +174,7 @@ impl Step for Resolve {
             });
         }
         request.extensions_mut().insert(context);
-        Ok(())
+        Ok(answer)
     }
 }
 

@@ -128,7 +128,10 @@ impl OriginRule {
 pub(crate) fn cors(path: &str, raw: &RawCors, issues: &mut Issues) -> CorsSettings {
     let field = |name: &str| format!("{path}.cors.{name}");
     if raw.allow_origins.is_empty() {
-        issues.push(field("allow_origins"), "is empty: list the origins that may call");
+        issues.push(
+            field("allow_origins"),
+            "is empty: list the origins that may call",
+        );
     }
     let origins: Vec<OriginRule> = raw
         .allow_origins
@@ -153,11 +156,16 @@ pub(crate) fn cors(path: &str, raw: &RawCors, issues: &mut Issues) -> CorsSettin
         Some(names) => names
             .iter()
             .enumerate()
-            .filter_map(|(i, name)| match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
-                Ok(method) => Some(method),
-                Err(_) => {
-                    issues.push(format!("{}[{i}]", field("allow_methods")), format!("= {name:?}: not a method"));
-                    None
+            .filter_map(|(i, name)| {
+                match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => Some(method),
+                    Err(_) => {
+                        issues.push(
+                            format!("{}[{i}]", field("allow_methods")),
+                            format!("= {name:?}: not a method"),
+                        );
+                        None
+                    }
                 }
             })
             .collect(),
@@ -169,20 +177,38 @@ pub(crate) fn cors(path: &str, raw: &RawCors, issues: &mut Issues) -> CorsSettin
         };
         list.iter()
             .enumerate()
-            .filter_map(|(i, text)| match HeaderName::from_bytes(text.to_ascii_lowercase().as_bytes()) {
-                Ok(header) => Some(header),
-                Err(_) => {
-                    issues.push(format!("{}[{i}]", field(name)), format!("= {text:?}: not a header name"));
-                    None
+            .filter_map(|(i, text)| {
+                match HeaderName::from_bytes(text.to_ascii_lowercase().as_bytes()) {
+                    Ok(header) => Some(header),
+                    Err(_) => {
+                        issues.push(
+                            format!("{}[{i}]", field(name)),
+                            format!("= {text:?}: not a header name"),
+                        );
+                        None
+                    }
                 }
             })
             .collect::<Vec<HeaderName>>()
     };
-    let headers = names(&raw.allow_headers, &DEFAULT_ALLOW_HEADERS, "allow_headers", issues);
-    let expose = names(&raw.expose_headers, &DEFAULT_EXPOSE_HEADERS, "expose_headers", issues);
+    let headers = names(
+        &raw.allow_headers,
+        &DEFAULT_ALLOW_HEADERS,
+        "allow_headers",
+        issues,
+    );
+    let expose = names(
+        &raw.expose_headers,
+        &DEFAULT_EXPOSE_HEADERS,
+        "expose_headers",
+        issues,
+    );
     let max_age = raw.max_age.get();
     if max_age > MAX_AGE_LIMIT {
-        issues.push(field("max_age"), format!("= {}: allowed at most 24h", raw.max_age));
+        issues.push(
+            field("max_age"),
+            format!("= {}: allowed at most 24h", raw.max_age),
+        );
     }
     let joined = |parts: Vec<&str>| HeaderValue::from_str(&parts.join(", ")).ok();
     CorsSettings {
@@ -205,7 +231,9 @@ fn origin_rule(text: &str) -> Result<OriginRule, String> {
     if text == "*" {
         return Ok(OriginRule::Any);
     }
-    let bad = |why: &str| format!("= {text:?}: {why}; write \"https://app.example.com\", \"https://*.example.com\" or \"*\"");
+    let bad = |why: &str| {
+        format!("= {text:?}: {why}; write \"https://app.example.com\", \"https://*.example.com\" or \"*\"")
+    };
     let lower = text.to_ascii_lowercase();
     let Some((scheme, rest)) = lower.split_once("://") else {
         return Err(bad("no scheme"));
@@ -221,7 +249,10 @@ fn origin_rule(text: &str) -> Result<OriginRule, String> {
         None => (rest, String::new()),
     };
     let label_ok = |label: &str| {
-        !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
     };
     if let Some(domain) = host.strip_prefix("*.") {
         if domain.split('.').all(label_ok) {
@@ -235,7 +266,9 @@ fn origin_rule(text: &str) -> Result<OriginRule, String> {
     }
     let ip_or_host = host.parse::<std::net::Ipv4Addr>().is_ok() || host.split('.').all(label_ok);
     if !ip_or_host || host.contains('*') || host.contains('/') {
-        return Err(bad("a bad host (no path, no wildcard but a leading \"*.\")"));
+        return Err(bad(
+            "a bad host (no path, no wildcard but a leading \"*.\")",
+        ));
     }
     Ok(OriginRule::Exact(format!("{scheme}://{host}{port}")))
 }
@@ -256,7 +289,10 @@ mod tests {
 
     #[test]
     fn exact_and_subdomain_origins() {
-        let (cors, issues) = settings(&["https://App.example.com", "https://*.example.org:8443"], false);
+        let (cors, issues) = settings(
+            &["https://App.example.com", "https://*.example.org:8443"],
+            false,
+        );
         assert!(issues.is_empty(), "{issues:?}");
         assert!(cors.allows_origin(b"https://app.example.com"));
         assert!(cors.allows_origin(b"HTTPS://APP.EXAMPLE.COM"));
@@ -265,8 +301,14 @@ mod tests {
         assert!(!cors.allows_origin(b"https://app.example.com.evil.net"));
         assert!(cors.allows_origin(b"https://a.example.org:8443"));
         assert!(cors.allows_origin(b"https://a.b.example.org:8443"));
-        assert!(!cors.allows_origin(b"https://example.org:8443"), "the domain itself");
-        assert!(!cors.allows_origin(b"https://a.example.org"), "port required");
+        assert!(
+            !cors.allows_origin(b"https://example.org:8443"),
+            "the domain itself"
+        );
+        assert!(
+            !cors.allows_origin(b"https://a.example.org"),
+            "port required"
+        );
         assert!(!cors.allows_origin(b"https://evilexample.org:8443"));
         assert!(!cors.allows_origin(b"null"));
         assert!(!cors.any_origin());
@@ -283,7 +325,15 @@ mod tests {
 
     #[test]
     fn bad_origins_name_their_entry() {
-        let (_, issues) = settings(&["app.example.com", "ftp://x.test", "https://x.test/path", "https://a.*.test"], false);
+        let (_, issues) = settings(
+            &[
+                "app.example.com",
+                "ftp://x.test",
+                "https://x.test/path",
+                "https://a.*.test",
+            ],
+            false,
+        );
         assert_eq!(
             issues.paths(),
             [
