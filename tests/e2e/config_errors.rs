@@ -79,7 +79,8 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
             "routes[0].pattern",
         ),
         (
-            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\n[[routes]]\nprefix = \"/a\"\nhosts = [\"x.test\"]\nupstream = \"u\"\n"),
+            // Two routes on one prefix that only headers tell apart need a name.
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/a\"\nupstream = \"u\"\n[[routes]]\nprefix = \"/a\"\nheaders = [{{ name = \"x-v\", value = \"2\" }}]\nupstream = \"u\"\n"),
             "routes[1].prefix",
         ),
         (
