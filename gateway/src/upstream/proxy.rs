@@ -58,6 +58,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct Upstream {
     balancer: Balancer,
     client: Pool,
+    /// `http2`: requests go out as HTTP/2 (see [`prepare`]).
+    http2: bool,
 }
 
 /// The connection pool of an upstream: plain HTTP/1.1 upstreams use [`Pools`]; plain HTTP/2
@@ -151,6 +153,7 @@ impl Upstream {
         Self {
             balancer: Balancer::new(settings, hosts_file, state),
             client,
+            http2: settings.http2,
         }
     }
 
@@ -291,10 +294,11 @@ impl Service<Request<Body>> for Proxy {
         let started =
             (balancer.load_balancer() == LoadBalancer::PeakEwma).then(|| balancer.clock().now());
         // The attempt's span and trace headers (see `crate::telemetry`).
-        let (request, attempt) = match prepare(request, &context, &endpoint.address, id) {
-            Ok(request) => Attempt::start(request),
-            Err(err) => return std::future::ready(Err(err)).boxed(),
-        };
+        let (request, attempt) =
+            match prepare(request, &context, &endpoint.address, id, upstream.http2) {
+                Ok(request) => Attempt::start(request),
+                Err(err) => return std::future::ready(Err(err)).boxed(),
+            };
         async move {
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
