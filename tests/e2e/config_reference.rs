@@ -156,6 +156,8 @@ concurrency_per_caller = 1
 max_in_flight = 1
 priority = "normal"
 hedge = { after = "p95" }
+request_headers = { set = {}, add = {}, remove = ["x-internal"] }
+response_headers = { set = {}, add = {}, remove = ["server"] }
 
 [demo]
 enabled = false

@@ -12,6 +12,7 @@ use super::backend::{DatabaseBackend, IdempotencyBackend, StateBackend};
 use super::balance::{DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings};
 use super::telemetry::TelemetrySettings;
 use super::tls::{Http2Settings, UpstreamTls};
+use crate::config::routes::header_rules::HeaderRules;
 use crate::config::routes::pattern::PathRule;
 use crate::config::routes::rules::{HeaderRule, HostRule};
 
@@ -343,6 +344,10 @@ pub struct RouteSettings {
     pub concurrency_per_caller: Option<u32>,
     /// Whether the route may use the critical reserve of `server.load_shed_limit`.
     pub priority: Priority,
+    /// `request_headers`: rules on the request sent upstream.
+    pub request_headers: Option<HeaderRules>,
+    /// `response_headers`: rules on the upstream's response.
+    pub response_headers: Option<HeaderRules>,
 }
 
 /// A route's load-shedding priority (`priority` on a route).

@@ -91,6 +91,29 @@ pub struct RawRoute {
     /// Hedged first attempts for idempotent requests.
     #[serde(default)]
     pub hedge: Option<RawHedge>,
+    /// Header rules on the request sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<RawHeaderRules>,
+    /// Header rules on the upstream's response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<RawHeaderRules>,
+}
+
+/// `request_headers = { set = { … }, add = { … }, remove = [ … ] }` (and
+/// `response_headers`) on a route; values may name `${request_id}`, `${tenant}`,
+/// `${client_ip}` and `${route}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderRules {
+    /// Fields replaced (or created) with these values.
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    /// Fields appended with these values, beside any already there.
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, String>,
+    /// Fields removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
 }
 
 /// `hedge = { after = "p95" }` on a route.

@@ -7,11 +7,12 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri};
 
 use super::{ProxyError, ProxyErrorKind};
-use crate::config::PathRule;
+use crate::config::{HeaderVars, PathRule};
 use crate::edge::listener::ClientTls;
+use crate::edge::request_id::X_REQUEST_ID;
 use crate::plumbing::client::IpText;
 use crate::plumbing::client::{Client, CLIENT_ADDRESS_FIELDS};
-use crate::plumbing::context::RequestContext;
+use crate::plumbing::context::{Caller, RequestContext};
 use crate::upstream::balance::Address;
 
 /// Rewrites the request for the chosen endpoint.
@@ -80,7 +81,32 @@ pub(super) fn prepare(
             }
         }
     }
+    // Last, over the gateway's own fields, which no rule may name (see
+    // `config::routes::header_rules`).
+    if let Some(rules) = &route.request_headers {
+        let request_id = parts.headers.get(&X_REQUEST_ID).cloned();
+        rules.apply(
+            &mut parts.headers,
+            &header_vars(context, request_id.as_ref()),
+        );
+    }
     Ok(Request::from_parts(parts, body))
+}
+
+/// The values of a header rule's variables for this request.
+pub(super) fn header_vars<'a>(
+    context: &'a RequestContext,
+    request_id: Option<&'a HeaderValue>,
+) -> HeaderVars<'a> {
+    HeaderVars {
+        request_id,
+        tenant: match &context.caller {
+            Caller::Tenant(tenant) => Some(&tenant.id),
+            Caller::Anonymous => None,
+        },
+        client_ip: context.client.ip,
+        route: &context.route.settings.name,
+    }
 }
 
 /// The `X-Forwarded-For` to send (see [`Client::forwarded_for`]). Usually only the peer:
