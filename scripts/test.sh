@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
 #   1. installs redis-server, PostgreSQL, docker-compose, PyYAML and Chromium with its
-#      chromedriver (the admin console's browser test) with apt-get when missing;
+#      chromedriver (the admin console's browser test) with apt-get when missing, and the
+#      Python grpcio (the gRPC tests' stock client and server) with pip;
 #   2. starts one real Redis, a real 3-master Redis Cluster and one real PostgreSQL on free
 #      loopback ports, in a temp dir;
 #   3. exports PORTCULLIS_TEST_REDIS_URL, PORTCULLIS_TEST_REDIS_CLUSTER_URL and
@@ -28,6 +29,11 @@ if [ ${#need_install[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >/dev/null
+fi
+# The stock gRPC implementation the gRPC end-to-end tests run (tests/e2e/grpcio/).
+if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
+  log "installing grpcio grpcio-tools"
+  python3 -m pip install --quiet grpcio grpcio-tools
 fi
 
 free_port() {

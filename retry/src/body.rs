@@ -23,6 +23,10 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 
+mod tee;
+
+use tee::{Recording, TeeBody};
+
 /// The request body, either buffered for replay or to be sent once.
 #[derive(Debug)]
 pub(super) enum Prepared {
@@ -30,6 +34,17 @@ pub(super) enum Prepared {
     Replayable(Bytes),
     /// Too large (or carries trailers): can be sent once. `None` once it was taken.
     Once(Option<Body>),
+    /// A gRPC call's body, sent at once and recorded on the way (see [`tee`]).
+    Teed(Teed),
+}
+
+/// [`Prepared::Teed`]: the client's body until the first attempt takes it, then what that
+/// attempt's copy recorded.
+#[derive(Debug)]
+pub(super) struct Teed {
+    first: Option<Body>,
+    limit: usize,
+    seen: Option<tokio::sync::watch::Receiver<Recording>>,
 }
 
 /// Frames already read from a body, followed by the rest of it.
@@ -67,17 +82,59 @@ impl Prepared {
         Ok(Self::Replayable(concat(frames, len)))
     }
 
+    /// A gRPC call's body: sent with the first attempt, kept for another only if it proves
+    /// replayable (at most `limit` bytes, one message; see [`tee`]).
+    pub(super) fn teed(body: Body, limit: usize) -> Self {
+        Self::Teed(Teed {
+            first: Some(body),
+            limit,
+            seen: None,
+        })
+    }
+
     /// The whole body, when it is kept for replay.
     pub(super) fn bytes(&self) -> Option<&Bytes> {
         match self {
             Self::Replayable(bytes) => Some(bytes),
-            Self::Once(_) => None,
+            Self::Once(_) | Self::Teed(_) => None,
         }
     }
 
-    /// Whether another attempt could still get the body.
+    /// Whether another attempt could still get the body. A teed body must be settled first
+    /// ([`Prepared::settle`]) for this to say yes.
     pub(super) fn is_replayable(&self) -> bool {
-        matches!(self, Self::Replayable(_))
+        match self {
+            Self::Replayable(_) => true,
+            Self::Once(_) => false,
+            Self::Teed(teed) => teed
+                .seen
+                .as_ref()
+                .is_some_and(|seen| seen.borrow().replay().is_some()),
+        }
+    }
+
+    /// Whether [`Prepared::settle`] has anything to wait for.
+    pub(super) fn is_unsettled(&self) -> bool {
+        match self {
+            Self::Teed(Teed {
+                seen: Some(seen), ..
+            }) => !seen.borrow().settled(),
+            _ => false,
+        }
+    }
+
+    /// After the first attempt of a teed body failed: waits until the client's stream has
+    /// ended, or can no longer be replayed, or the attempt dropped its copy (its stream was
+    /// reset), or `until`. A streaming client waiting for an answer never ends its stream,
+    /// but the server's reset of the stream drops the copy, so this rarely waits long.
+    pub(super) async fn settle(&mut self, until: tokio::time::Instant) {
+        if let Self::Teed(Teed {
+            seen: Some(seen), ..
+        }) = self
+        {
+            // Err: the copy was dropped; its last state stays readable.
+            let _ = tokio::time::timeout_at(until, seen.wait_for(Recording::settled)).await;
+        }
     }
 
     /// The body for the next attempt (`Body::empty()` only if a once-body was already
@@ -88,6 +145,18 @@ impl Prepared {
             Self::Replayable(bytes) if bytes.is_empty() => Body::empty(),
             Self::Replayable(bytes) => Body::from(bytes.clone()),
             Self::Once(body) => body.take().unwrap_or_else(Body::empty),
+            Self::Teed(teed) => match teed.first.take() {
+                Some(body) => {
+                    let (tee, seen) = TeeBody::new(body, teed.limit);
+                    teed.seen = Some(seen);
+                    Body::new(tee)
+                }
+                None => teed
+                    .seen
+                    .as_ref()
+                    .and_then(|seen| seen.borrow().replay())
+                    .map_or_else(Body::empty, Body::from),
+            },
         }
     }
 }

@@ -130,6 +130,10 @@ where
             call.permit.record(health, ended);
             return last.into_result();
         };
+        if call.body.is_unsettled() {
+            // A gRPC body still streaming: is it one whole message? Rare, so boxed.
+            Box::pin(call.body.settle(call.deadline.at)).await;
+        }
         let error_type = classify::error_type(outcome);
         if outcome == AttemptOutcome::Failure(FailureKind::Dns) {
             dns_failures += 1;

@@ -157,6 +157,8 @@ max_in_flight = 1
 priority = "normal"
 hedge = { after = "p95" }
 cors = { allow_origins = ["https://app.example.com"], allow_methods = ["GET"], allow_headers = ["x-a"], expose_headers = ["x-b"], allow_credentials = true, max_age = "1m" }
+request_headers = { set = {}, add = {}, remove = ["x-internal"] }
+response_headers = { set = {}, add = {}, remove = ["server"] }
 
 [demo]
 enabled = false

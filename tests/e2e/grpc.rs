@@ -53,6 +53,10 @@ async fn unavailable_is_retried_on_an_idempotent_route_with_the_deadline_rewritt
     assert_eq!(calls.len(), 3, "two retries, then served");
     for (i, call) in calls.iter().enumerate() {
         assert_eq!(call["x-retry-attempt"], (i + 1).to_string().as_str());
+        // HTTP/2 upstream: the endpoint in `:authority` alone (no `Host` beside it), and
+        // the client's `te: trailers`, which gRPC servers such as grpcio require.
+        assert!(call.get("host").is_none(), "{call:?}");
+        assert_eq!(call["te"], "trailers");
         // The client's 8 s, less what has passed: never more than the client allowed.
         let sent = call["grpc-timeout"].to_str().unwrap();
         let ms: u64 = sent.strip_suffix('m').unwrap().parse().unwrap();

@@ -20,6 +20,10 @@ mod harness_services;
 mod retry_classification;
 // gRPC through the gateway (tonic on both sides): status ladder, grpc-timeout, refusals as grpc-status.
 mod grpc;
+// gRPC with stock grpcio client and server (Python scripts in grpcio/): every call kind, h2c and TLS upstreams, retries only where safe.
+mod grpc_stock;
+// Header rules on a route (request_headers / response_headers): upstream and client views, the gateway's fields protected.
+mod routing_header_rules;
 // Adaptive throttling: 429s teach a rate, refusals at the edge (503 upstream-throttled), recovery, shared through Redis.
 mod adaptive;
 // Circuit breaker at the edge: one caller's failures never open it for everyone; an outage seen by many does.

@@ -33,6 +33,7 @@ pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
 pub use routes::cors::CorsSettings;
+pub use routes::header_rules::{HeaderRules, HeaderVars};
 pub use routes::pattern::{PathRule, Pattern};
 pub use routes::rules::{HeaderRule, HeaderValueRule, HostRule};
 pub use settings::{

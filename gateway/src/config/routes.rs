@@ -3,6 +3,7 @@
 //! Every issue names its field (`routes[3].pattern`).
 
 pub(crate) mod cors;
+pub(crate) mod header_rules;
 mod idempotency;
 mod matchers;
 mod path;
@@ -19,6 +20,7 @@ use super::raw::{RawConfig, RawRoute};
 use super::settings::*;
 use super::upstream::{route_retry, with_hedge};
 use crate::config::routes::pattern::PathRule;
+use header_rules::header_rules;
 use idempotency::idempotency;
 use matchers::{headers, hosts, methods};
 use path::{rewrite, route_path};
@@ -95,6 +97,14 @@ fn route(
         .idempotency
         .as_ref()
         .map(|idem| idempotency(&format!("{path}.idempotency"), idem, &retry, issues));
+    let request_headers = r
+        .request_headers
+        .as_ref()
+        .map(|raw| header_rules(&format!("{path}.request_headers"), raw, issues));
+    let response_headers = r
+        .response_headers
+        .as_ref()
+        .map(|raw| header_rules(&format!("{path}.response_headers"), raw, issues));
     RouteSettings {
         name,
         path: rule,
@@ -117,6 +127,8 @@ fn route(
             .as_ref()
             .map(|raw| Arc::new(cors::cors(path, raw, issues))),
         priority,
+        request_headers,
+        response_headers,
     }
 }
 

@@ -12,6 +12,7 @@ use super::backend::{DatabaseBackend, IdempotencyBackend, StateBackend};
 use super::balance::{DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings};
 use super::telemetry::TelemetrySettings;
 use super::tls::{Http2Settings, UpstreamTls};
+use crate::config::routes::header_rules::HeaderRules;
 use crate::config::routes::pattern::PathRule;
 use crate::config::routes::rules::{HeaderRule, HostRule};
 
@@ -345,6 +346,10 @@ pub struct RouteSettings {
     pub priority: Priority,
     /// Browser origins that may call the route.
     pub cors: Option<Arc<super::routes::cors::CorsSettings>>,
+    /// `request_headers`: rules on the request sent upstream.
+    pub request_headers: Option<HeaderRules>,
+    /// `response_headers`: rules on the upstream's response.
+    pub response_headers: Option<HeaderRules>,
 }
 
 /// A route's load-shedding priority (`priority` on a route).

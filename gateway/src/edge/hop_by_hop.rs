@@ -19,9 +19,11 @@
 //!   before the outer layers add `X-RateLimit-*`, `RateLimit*`, `Retry-After`,
 //!   `X-Request-Id` and `Idempotent-Replayed`, so an upstream cannot name those away either.
 //! - **The gateway's own outgoing request**: nothing more. The edge already removed every
-//!   client hop-by-hop field and no layer adds one, so the proxy does not scan again.
+//!   client hop-by-hop field and no layer adds one, so the proxy does not scan again. The
+//!   one exception is `te: trailers` ([`strip_client_request`]), which gRPC needs end to
+//!   end: it reaches HTTP/2 upstreams only.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use portcullis_retry::{IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT};
 
@@ -64,6 +66,11 @@ static PROTECTED: [HeaderName; 13] = [
 /// The edge: removes the client's hop-by-hop fields before any layer runs. Fields named in
 /// `Connection` go too, except the [`PROTECTED`] ones. hyper has already read `Connection`
 /// for its own keep-alive decision, so `close` still closes the client's connection.
+///
+/// One part of `TE` is kept: a client that lists `trailers` (every gRPC client, which
+/// refuses to run without) leaves exactly `te: trailers`, the one `TE` HTTP/2 allows. The
+/// proxy sends it to HTTP/2 upstreams and drops it toward HTTP/1.1 ones (see
+/// `upstream::proxy`), as Envoy does; any other `TE` value or token is removed here.
 pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Request<B> {
     let headers = request.headers_mut();
     for name in connection_named(headers) {
@@ -73,8 +80,24 @@ pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Re
             headers.remove(name);
         }
     }
-    strip_fixed(headers);
+    if headers.keys().any(is_fixed) {
+        let trailers = lists_trailers(headers);
+        remove_fixed(headers);
+        if trailers {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+    }
     request
+}
+
+/// Whether a `TE` field lists the `trailers` token (`TE: trailers, deflate;q=0.5`).
+fn lists_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("trailers"))
 }
 
 /// The proxy, on an upstream response: `Connection`, every field it names, and the fixed
@@ -90,9 +113,12 @@ pub(crate) fn strip_upstream_response(headers: &mut HeaderMap) {
 /// the few names present (compared, not hashed) decides, instead of nine hashed removals
 /// on every request and every response.
 fn strip_fixed(headers: &mut HeaderMap) {
-    if !headers.keys().any(is_fixed) {
-        return;
+    if headers.keys().any(is_fixed) {
+        remove_fixed(headers);
     }
+}
+
+fn remove_fixed(headers: &mut HeaderMap) {
     for name in &FIXED {
         headers.remove(name);
     }
@@ -116,8 +142,9 @@ fn is_fixed(name: &HeaderName) -> bool {
 }
 
 /// The field names listed in every `Connection` header; tokens that are not valid field
-/// names (or not text) are skipped, and so are `close`, `keep-alive` and `upgrade`, which
-/// name no field the fixed list does not already remove. Allocates only when `Connection`
+/// names (or not text) are skipped, and so are `close`, `keep-alive`, `upgrade` and `te`
+/// (which HTTP/1.1 requires beside `TE`), which name no field the fixed list does not
+/// already handle. Allocates only when `Connection`
 /// names some other field (the common `Connection: keep-alive` costs nothing).
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
@@ -127,7 +154,7 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .filter(|token| {
-            !["close", "keep-alive", "upgrade", ""]
+            !["close", "keep-alive", "upgrade", "te", ""]
                 .iter()
                 .any(|common| token.eq_ignore_ascii_case(common))
         })
@@ -166,7 +193,7 @@ mod tests {
     #[test]
     fn client_fields_named_in_connection_are_removed() {
         let r = strip_client_request(request(&[
-            ("connection", "close, X-Secret ,keep-alive"),
+            ("connection", "close, X-Secret ,keep-alive, TE"),
             ("x-secret", "1"),
             ("keep-alive", "timeout=5"),
             ("te", "trailers"),
@@ -176,7 +203,23 @@ mod tests {
             ("x-kept", "1"),
         ]));
         let names: Vec<_> = r.headers().keys().map(HeaderName::as_str).collect();
-        assert_eq!(names, ["x-kept"]);
+        assert_eq!(names, ["x-kept", "te"]);
+        assert_eq!(r.headers()["te"], "trailers");
+    }
+
+    #[test]
+    fn only_the_trailers_token_of_te_is_kept() {
+        for (te, kept) in [
+            ("trailers", true),
+            ("gzip;q=0.5, Trailers", true),
+            ("gzip, deflate", false),
+            ("trailers-not", false),
+        ] {
+            let r = strip_client_request(request(&[("te", te), ("te", "chunked")]));
+            let values: Vec<_> = r.headers().get_all("te").iter().collect();
+            let want: &[&str] = if kept { &["trailers"] } else { &[] };
+            assert_eq!(values, want, "{te}");
+        }
     }
 
     #[test]

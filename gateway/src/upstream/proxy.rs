@@ -58,6 +58,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub struct Upstream {
     balancer: Balancer,
     client: Pool,
+    /// `http2`: requests go out as HTTP/2 (see [`prepare`]).
+    http2: bool,
 }
 
 /// The connection pool of an upstream: plain HTTP/1.1 upstreams use [`Pools`]; plain HTTP/2
@@ -151,6 +153,7 @@ impl Upstream {
         Self {
             balancer: Balancer::new(settings, hosts_file, state),
             client,
+            http2: settings.http2,
         }
     }
 
@@ -290,11 +293,19 @@ impl Service<Request<Body>> for Proxy {
         // Latency is only needed by peak_ewma; round robin reads no clock.
         let started =
             (balancer.load_balancer() == LoadBalancer::PeakEwma).then(|| balancer.clock().now());
+        // `response_headers` name `${request_id}` from the request, gone by then.
+        let response_rules = context.route.settings.response_headers.is_some().then(|| {
+            request
+                .headers()
+                .get(&crate::edge::request_id::X_REQUEST_ID)
+                .cloned()
+        });
         // The attempt's span and trace headers (see `crate::telemetry`).
-        let (request, attempt) = match prepare(request, &context, &endpoint.address, id) {
-            Ok(request) => Attempt::start(request),
-            Err(err) => return std::future::ready(Err(err)).boxed(),
-        };
+        let (request, attempt) =
+            match prepare(request, &context, &endpoint.address, id, upstream.http2) {
+                Ok(request) => Attempt::start(request),
+                Err(err) => return std::future::ready(Err(err)).boxed(),
+            };
         async move {
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
@@ -345,6 +356,14 @@ impl Service<Request<Body>> for Proxy {
             // Innermost, so the upstream's `Connection` cannot name away the headers the
             // outer layers add to this response.
             hop_by_hop::strip_upstream_response(&mut parts.headers);
+            // The route's rules, before the outer layers add the gateway's own fields
+            // (which no rule may name).
+            if let (Some(rules), Some(request_id)) =
+                (&context.route.settings.response_headers, &response_rules)
+            {
+                let vars = request::header_vars(&context, request_id.as_ref());
+                rules.apply(&mut parts.headers, &vars);
+            }
             // The one extension of the response (the map's allocation): only the retry
             // layer reads it, to avoid this endpoint next time, which needs another.
             if among_several {

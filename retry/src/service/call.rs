@@ -134,6 +134,10 @@ impl Call {
             self.body = if http_body::Body::is_end_stream(&body) {
                 // Most GETs: nothing to read, and nothing to wait for.
                 Prepared::Replayable(Bytes::new())
+            } else if self.grpc {
+                // A streaming call's client may wait for answers before it sends more: sent
+                // at once, replayed only if it proves to be one whole message.
+                Prepared::teed(body, self.policy.body_replay_limit())
             } else {
                 let limit = self.policy.body_replay_limit();
                 match timeout_at(self.deadline.at, Prepared::read(body, limit)).await {

@@ -13,7 +13,9 @@ mod route;
 mod upstream;
 
 pub use super::bucket::RawBucket;
-pub use route::{RawCors, RawHeaderMatch, RawHedge, RawIdempotency, RawRoute, RawRouteRetry};
+pub use route::{
+    RawCors, RawHeaderMatch, RawHeaderRules, RawHedge, RawIdempotency, RawRoute, RawRouteRetry,
+};
 pub use upstream::{
     RawAdaptive, RawAdaptiveBounds, RawBreaker, RawRetry, RawUpstream, RawUpstreamTls,
     DEFAULT_TLS_HANDSHAKE_TIMEOUT,

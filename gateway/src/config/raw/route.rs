@@ -94,6 +94,12 @@ pub struct RawRoute {
     /// Browser origins that may call the route (preflights answered at the edge).
     #[serde(default)]
     pub cors: Option<RawCors>,
+    /// Header rules on the request sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<RawHeaderRules>,
+    /// Header rules on the upstream's response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<RawHeaderRules>,
 }
 
 /// `cors = { allow_origins = [...], ... }` on a route.
@@ -136,6 +142,23 @@ impl Default for RawCors {
             max_age: Self::default_max_age(),
         }
     }
+}
+
+/// `request_headers = { set = { … }, add = { … }, remove = [ … ] }` (and
+/// `response_headers`) on a route; values may name `${request_id}`, `${tenant}`,
+/// `${client_ip}` and `${route}`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderRules {
+    /// Fields replaced (or created) with these values.
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    /// Fields appended with these values, beside any already there.
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, String>,
+    /// Fields removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
 }
 
 /// `hedge = { after = "p95" }` on a route.

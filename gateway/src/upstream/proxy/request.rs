@@ -7,19 +7,27 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Uri};
 
 use super::{ProxyError, ProxyErrorKind};
-use crate::config::PathRule;
+use crate::config::{HeaderVars, PathRule};
 use crate::edge::listener::ClientTls;
+use crate::edge::request_id::X_REQUEST_ID;
 use crate::plumbing::client::IpText;
 use crate::plumbing::client::{Client, CLIENT_ADDRESS_FIELDS};
-use crate::plumbing::context::RequestContext;
+use crate::plumbing::context::{Caller, RequestContext};
 use crate::upstream::balance::Address;
 
 /// Rewrites the request for the chosen endpoint.
+///
+/// Toward an HTTP/2 upstream (`http2`) the endpoint travels in `:authority` alone (from the
+/// target, as hyper writes it) and no `Host` goes beside it: RFC 9113 §8.3.1 prefers
+/// `:authority`, and servers such as nginx refuse a request carrying both as a duplicate
+/// Host. The client's `te: trailers` (kept by the edge, see `edge::hop_by_hop`) goes to
+/// HTTP/2 upstreams, where gRPC servers require it, and never to HTTP/1.1 ones.
 pub(super) fn prepare(
     request: Request<Body>,
     context: &RequestContext,
     address: &Address,
     index: usize,
+    http2: bool,
 ) -> Result<Request<Body>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     let (scheme, authority) = (address.scheme.clone(), address.authority.clone());
@@ -42,8 +50,14 @@ pub(super) fn prepare(
     parts.version = http::Version::HTTP_11;
 
     // The client's hop-by-hop fields (the fixed list, `Connection` and what it named) went
-    // at the edge, and no layer since adds one: nothing to strip again on this hop.
-    parts.headers.insert(header::HOST, address.host.clone());
+    // at the edge, and no layer since adds one: nothing to strip again on this hop, except
+    // the `te: trailers` the edge kept, which HTTP/1.1 upstreams do not get.
+    if http2 {
+        parts.headers.remove(header::HOST);
+    } else {
+        parts.headers.insert(header::HOST, address.host.clone());
+        parts.headers.remove(header::TE);
+    }
     let client = &context.client;
     if !client.peer_trusted {
         strip_client_address_fields(&mut parts.headers);
@@ -67,7 +81,32 @@ pub(super) fn prepare(
             }
         }
     }
+    // Last, over the gateway's own fields, which no rule may name (see
+    // `config::routes::header_rules`).
+    if let Some(rules) = &route.request_headers {
+        let request_id = parts.headers.get(&X_REQUEST_ID).cloned();
+        rules.apply(
+            &mut parts.headers,
+            &header_vars(context, request_id.as_ref()),
+        );
+    }
     Ok(Request::from_parts(parts, body))
+}
+
+/// The values of a header rule's variables for this request.
+pub(super) fn header_vars<'a>(
+    context: &'a RequestContext,
+    request_id: Option<&'a HeaderValue>,
+) -> HeaderVars<'a> {
+    HeaderVars {
+        request_id,
+        tenant: match &context.caller {
+            Caller::Tenant(tenant) => Some(&tenant.id),
+            Caller::Anonymous => None,
+        },
+        client_ip: context.client.ip,
+        route: &context.route.settings.name,
+    }
 }
 
 /// The `X-Forwarded-For` to send (see [`Client::forwarded_for`]). Usually only the peer:
