@@ -233,6 +233,8 @@ pub struct TenantSettings {
     pub monthly_quota: Option<u64>,
     /// Requests in flight at once (per replica); over it → 429.
     pub concurrency_limit: Option<u64>,
+    /// Open WebSocket tunnels at once (per replica); a handshake over it → 429.
+    pub max_websockets: Option<u32>,
 }
 
 /// A validated upstream.
@@ -343,6 +345,19 @@ pub struct RouteSettings {
     pub concurrency_per_caller: Option<u32>,
     /// Whether the route may use the critical reserve of `server.load_shed_limit`.
     pub priority: Priority,
+    /// WebSocket tunnels, when `websocket = true`.
+    pub websocket: Option<WebSocketSettings>,
+}
+
+/// A route's WebSocket settings (`websocket = true` and the `websocket_*` fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WebSocketSettings {
+    /// No byte either way for this long closes the tunnel.
+    pub idle_timeout: Duration,
+    /// A tunnel is closed after this long; `None`: no limit.
+    pub max_lifetime: Option<Duration>,
+    /// Open tunnels on the route at most (per replica); `None`: no limit.
+    pub max_open: Option<u32>,
 }
 
 /// A route's load-shedding priority (`priority` on a route).

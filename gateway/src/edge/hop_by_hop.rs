@@ -65,6 +65,11 @@ static PROTECTED: [HeaderName; 13] = [
 /// `Connection` go too, except the [`PROTECTED`] ones. hyper has already read `Connection`
 /// for its own keep-alive decision, so `close` still closes the client's connection.
 pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Request<B> {
+    // A WebSocket handshake is recorded first (`edge::upgrade`): the proxy writes its
+    // `Upgrade` and `Connection` again toward a route that allows it.
+    if request.headers().contains_key(header::UPGRADE) {
+        crate::edge::upgrade::mark(&mut request);
+    }
     let headers = request.headers_mut();
     for name in connection_named(headers) {
         if PROTECTED.contains(&name) {

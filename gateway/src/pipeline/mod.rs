@@ -19,3 +19,4 @@ pub(crate) mod resolve;
 pub mod router;
 pub mod shed;
 pub mod tenant;
+pub(crate) mod websocket;
