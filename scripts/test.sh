@@ -29,6 +29,11 @@ if [ ${#need_install[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_install[@]}" >/dev/null
 fi
+# The WebSocket end-to-end tests use the stock Python `websockets` library (tests/e2e/websocket.rs).
+if ! python3 -c 'import websockets' >/dev/null 2>&1; then
+  log "installing the Python websockets library"
+  python3 -m pip install --quiet websockets >/dev/null
+fi
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'

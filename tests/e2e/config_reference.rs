@@ -76,6 +76,7 @@ daily_quota = 1
 monthly_quota = 1
 concurrency_limit = 1
 max_in_flight = 1
+max_websockets = 1
 
 [auth]
 failure_limit = 20
@@ -156,6 +157,10 @@ concurrency_per_caller = 1
 max_in_flight = 1
 priority = "normal"
 hedge = { after = "p95" }
+websocket = true
+websocket_idle_timeout = "60s"
+websocket_max_lifetime = "1h"
+max_websockets = 1
 
 [demo]
 enabled = false
