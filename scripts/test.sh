@@ -35,6 +35,11 @@ if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
   log "installing grpcio grpcio-tools"
   python3 -m pip install --quiet grpcio grpcio-tools
 fi
+# The WebSocket end-to-end tests use the stock Python `websockets` library (tests/e2e/websocket.rs).
+if ! python3 -c 'import websockets' >/dev/null 2>&1; then
+  log "installing the Python websockets library"
+  python3 -m pip install --quiet websockets >/dev/null
+fi
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'

@@ -76,6 +76,7 @@ daily_quota = 1
 monthly_quota = 1
 concurrency_limit = 1
 max_in_flight = 1
+max_websockets = 1
 
 [auth]
 failure_limit = 20
@@ -159,6 +160,10 @@ hedge = { after = "p95" }
 cors = { allow_origins = ["https://app.example.com"], allow_methods = ["GET"], allow_headers = ["x-a"], expose_headers = ["x-b"], allow_credentials = true, max_age = "1m" }
 request_headers = { set = {}, add = {}, remove = ["x-internal"] }
 response_headers = { set = {}, add = {}, remove = ["server"] }
+websocket = true
+websocket_idle_timeout = "60s"
+websocket_max_lifetime = "1h"
+max_websockets = 1
 
 [demo]
 enabled = false

@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cases;
+mod upgrades;
 
 use std::net::SocketAddr;
 

@@ -39,7 +39,7 @@ pub use routes::rules::{HeaderRule, HeaderValueRule, HostRule};
 pub use settings::{
     Bucket, Config, DemoSettings, Env, IdempotencySettings, InFlightMode, LogFormat, Priority,
     ProcessEnv, RateLimitSettings, RouteSettings, Secret, ServerSettings, StorageSettings,
-    StoreErrorMode, SyncMode, TenantSettings, UpstreamSettings,
+    StoreErrorMode, SyncMode, TenantSettings, UpstreamSettings, WebSocketSettings,
 };
 pub use telemetry::TelemetrySettings;
 pub use tls::{Http2Settings, UpstreamTls};

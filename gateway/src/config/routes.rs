@@ -29,6 +29,15 @@ use portcullis_retry::RetryPolicy;
 /// Largest `routes[].concurrency_per_caller` (the global cap's own ceiling).
 pub const MAX_ROUTE_IN_FLIGHT: u32 = 1_000_000;
 
+/// Largest `max_websockets` (routes and tenants).
+pub const MAX_WEBSOCKETS: u32 = 1_000_000;
+
+/// Default `websocket_idle_timeout`: nginx's `proxy_read_timeout`.
+pub const DEFAULT_WEBSOCKET_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest `websocket_idle_timeout` and `websocket_max_lifetime`.
+const MAX_WEBSOCKET_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Longest route `timeout`: the contract's bound on a synchronous call's total duration.
 const MAX_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -129,7 +138,62 @@ fn route(
         priority,
         request_headers,
         response_headers,
+        websocket: websocket(path, r, upstreams.get(upstream), issues),
     }
+}
+
+/// `websocket = true` and its limits; the limits without it, or toward an upstream a tunnel
+/// cannot reach, are refused.
+fn websocket(
+    path: &str,
+    r: &RawRoute,
+    upstream: Option<&UpstreamSettings>,
+    issues: &mut Issues,
+) -> Option<WebSocketSettings> {
+    if !r.websocket {
+        for (field, set) in [
+            ("websocket_idle_timeout", r.websocket_idle_timeout.is_some()),
+            ("websocket_max_lifetime", r.websocket_max_lifetime.is_some()),
+            ("max_websockets", r.max_websockets.is_some()),
+        ] {
+            if set {
+                issues.push(format!("{path}.{field}"), "needs websocket = true");
+            }
+        }
+        return None;
+    }
+    if let Some(upstream) = upstream {
+        if upstream.http2 || upstream.tls.is_some() {
+            issues.push(
+                format!("{path}.websocket"),
+                format!(
+                    "= true: upstream {:?} is HTTP/2 or https; WebSocket tunnels need a plain HTTP/1.1 upstream",
+                    upstream.name
+                ),
+            );
+        }
+    }
+    let mut duration = |field: &str, value: Option<crate::config::duration::HumanDuration>| {
+        let value = value?.get();
+        issues.duration_range(
+            &format!("{path}.{field}"),
+            value,
+            Duration::from_millis(1),
+            MAX_WEBSOCKET_DURATION,
+        );
+        Some(value)
+    };
+    let idle_timeout = duration("websocket_idle_timeout", r.websocket_idle_timeout)
+        .unwrap_or(DEFAULT_WEBSOCKET_IDLE_TIMEOUT);
+    let max_lifetime = duration("websocket_max_lifetime", r.websocket_max_lifetime);
+    if let Some(n) = r.max_websockets {
+        issues.range(format!("{path}.max_websockets"), n, 1, MAX_WEBSOCKETS);
+    }
+    Some(WebSocketSettings {
+        idle_timeout,
+        max_lifetime,
+        max_open: r.max_websockets,
+    })
 }
 
 /// The route's name (`name`, or by default the text of its path rule), reported when

@@ -234,6 +234,8 @@ pub struct TenantSettings {
     pub monthly_quota: Option<u64>,
     /// Requests in flight at once (per replica); over it → 429.
     pub concurrency_limit: Option<u64>,
+    /// Open WebSocket tunnels at once (per replica); a handshake over it → 429.
+    pub max_websockets: Option<u32>,
 }
 
 /// A validated upstream.
@@ -350,6 +352,19 @@ pub struct RouteSettings {
     pub request_headers: Option<HeaderRules>,
     /// `response_headers`: rules on the upstream's response.
     pub response_headers: Option<HeaderRules>,
+    /// WebSocket tunnels, when `websocket = true`.
+    pub websocket: Option<WebSocketSettings>,
+}
+
+/// A route's WebSocket settings (`websocket = true` and the `websocket_*` fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WebSocketSettings {
+    /// No byte either way for this long closes the tunnel.
+    pub idle_timeout: Duration,
+    /// A tunnel is closed after this long; `None`: no limit.
+    pub max_lifetime: Option<Duration>,
+    /// Open tunnels on the route at most (per replica); `None`: no limit.
+    pub max_open: Option<u32>,
 }
 
 /// A route's load-shedding priority (`priority` on a route).

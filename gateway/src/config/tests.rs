@@ -155,6 +155,26 @@ fn cross_references_and_formats_are_checked() {
             "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nconcurrency_limit = 100001",
             "tenants[0].concurrency_limit",
         ),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nwebsocket_idle_timeout = \"1m\"",
+            "routes[0].websocket_idle_timeout",
+        ),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nwebsocket = true\nmax_websockets = 0",
+            "routes[0].max_websockets",
+        ),
+        (
+            "[[routes]]\nprefix = \"/y\"\nupstream = \"orders\"\nwebsocket = true\nwebsocket_max_lifetime = \"0s\"",
+            "routes[0].websocket_max_lifetime",
+        ),
+        (
+            "[[upstreams]]\nname = \"grpc\"\nendpoints = [\"http://127.0.0.1:9002\"]\nhttp2 = true\n[[routes]]\nprefix = \"/y\"\nupstream = \"grpc\"\nwebsocket = true",
+            "routes[0].websocket",
+        ),
+        (
+            "[[tenants]]\nid = \"t\"\nrate = 1\nper = \"1s\"\nburst = 1\nmax_websockets = 0",
+            "tenants[0].max_websockets",
+        ),
     ];
     let base = "[[upstreams]]\nname = \"orders\"\nendpoints = [\"http://127.0.0.1:9001\"]\n";
     for (snippet, path) in cases {

@@ -9,6 +9,7 @@ use super::bucket::bucket;
 use super::error::ConfigError;
 use super::error::Issues;
 use super::raw::{self, RawBucket, RawConfig};
+use super::routes::MAX_WEBSOCKETS;
 use super::settings::*;
 use super::upstream::{upstream, valid_id};
 use portcullis_control::ENV_ADMIN_TOKEN;
@@ -398,6 +399,9 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                 let max = portcullis_control::MAX_TENANT_IN_FLIGHT;
                 issues.range(format!("{path}.concurrency_limit"), n, 1, max);
             }
+            if let Some(n) = t.max_websockets {
+                issues.range(format!("{path}.max_websockets"), n, 1, MAX_WEBSOCKETS);
+            }
             TenantSettings {
                 id: t.id.clone(),
                 api_keys: t.api_keys.iter().map(|k| Secret::new(k)).collect(),
@@ -405,6 +409,7 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                 daily_quota: t.daily_quota,
                 monthly_quota: t.monthly_quota,
                 concurrency_limit: t.concurrency_limit,
+                max_websockets: t.max_websockets,
             }
         })
         .collect()

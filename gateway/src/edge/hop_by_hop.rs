@@ -72,6 +72,11 @@ static PROTECTED: [HeaderName; 13] = [
 /// proxy sends it to HTTP/2 upstreams and drops it toward HTTP/1.1 ones (see
 /// `upstream::proxy`), as Envoy does; any other `TE` value or token is removed here.
 pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Request<B> {
+    // A WebSocket handshake is recorded first (`edge::upgrade`): the proxy writes its
+    // `Upgrade` and `Connection` again toward a route that allows it.
+    if request.headers().contains_key(header::UPGRADE) {
+        crate::edge::upgrade::mark(&mut request);
+    }
     let headers = request.headers_mut();
     for name in connection_named(headers) {
         if PROTECTED.contains(&name) {

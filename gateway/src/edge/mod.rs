@@ -10,7 +10,8 @@
 //! - request layers that need no route: `grpc` (the gateway's own answers to a gRPC call
 //!   as `grpc-status`), `hop_by_hop` (the client's hop-by-hop fields), `request_id`,
 //!   `limits` (413/431, body deadline via `body_timeout`) and `target` (path
-//!   normalisation, Host rules). Their place in the request path: `crate::stack`.
+//!   normalisation, Host rules), and `upgrade` (which requests are WebSocket handshakes).
+//!   Their place in the request path: `crate::stack`.
 
 pub(crate) mod body_timeout;
 pub mod framing;
@@ -20,3 +21,4 @@ pub(crate) mod limits;
 pub mod listener;
 pub(crate) mod request_id;
 pub(crate) mod target;
+pub(crate) mod upgrade;

@@ -20,3 +20,4 @@ pub(crate) mod resolve;
 pub mod router;
 pub mod shed;
 pub mod tenant;
+pub(crate) mod websocket;

@@ -40,6 +40,7 @@ use crate::pipeline::rescue::RescueLayer;
 use crate::pipeline::resolve::Resolve;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::shed::LoadShed;
+use crate::pipeline::websocket::WebSocketCaps;
 use crate::plumbing::client::TrustedProxies;
 use crate::plumbing::context::RequestContext;
 use crate::plumbing::held::HoldBoth;
@@ -47,6 +48,7 @@ use crate::plumbing::step::StepLayer;
 use crate::telemetry::observe::Observe;
 use crate::telemetry::Telemetry;
 use crate::upstream::proxy::{Proxy, ProxyError, Upstream};
+use crate::upstream::websocket::WebSockets;
 use axum::body::Body;
 use http::{Request, Response};
 use portcullis_control::Directory;
@@ -72,7 +74,7 @@ pub struct StackParts {
 /// Builds the proxy listener's service.
 pub fn build(config: &Config, parts: StackParts) -> HttpService {
     let trusted = Arc::new(TrustedProxies::new(config.server.trusted_proxies.clone()));
-    let proxy = Proxy::new(parts.upstreams.clone());
+    let proxy = Proxy::new(parts.upstreams.clone()).with_websockets(WebSockets::new(config));
     assemble(config, parts, trusted, proxy)
 }
 
@@ -133,6 +135,7 @@ where
             .with_caller_share(config.server.load_shed_limit, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
+        .layer(StepLayer::new(WebSocketCaps::new(config))) // WebSocket handshakes on a route with websocket = true: route and tenant max_websockets → 429 at once; the slots ride to the tunnel
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),
@@ -155,7 +158,7 @@ where
             .with_target(RequestContext::retry_target)
             .with_handoff(late_answer),
         ) // the one retry layer: ladder, backoff, budget, breaker, deadline; a keyed request's timed-out attempt left running for the idempotency layer
-        .service(upstream); // pooled client, one attempt
+        .service(upstream); // pooled client, one attempt; a WebSocket handshake on its own connection, a 101 → tunnel (upstream::websocket)
     BoxCloneService::new(pipeline)
 }
 

@@ -8,3 +8,4 @@ pub(crate) mod balance;
 pub mod demo;
 pub(crate) mod fleet;
 pub mod proxy;
+pub(crate) mod websocket;

@@ -32,6 +32,7 @@ use crate::plumbing::worker;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, EndpointLoad, Outcome, Picked, Probe};
+use crate::upstream::websocket::{Handshake, WebSockets};
 use portcullis_retry::{AttemptInfo, PickedEndpoint, ServedBy, UpstreamState};
 
 mod client_body;
@@ -162,6 +163,22 @@ impl Upstream {
         &self.balancer
     }
 
+    /// Sends a WebSocket handshake to `endpoint` on a connection of its own (see
+    /// `pool::EndpointPool::send_upgrade`). Configuration allows tunnels only toward plain
+    /// HTTP/1.1 upstreams.
+    async fn send_upgrade(
+        &self,
+        endpoint: &Endpoint,
+        request: Request<Body>,
+    ) -> Result<Response<hyper::body::Incoming>, SendFailure> {
+        let Pool::Http1(per_worker) = &self.client else {
+            let refused = "WebSocket tunnels need a plain HTTP/1.1 upstream";
+            return Err(SendFailure::Pool(pool::SendError::Connect(refused.into())));
+        };
+        let pool = per_worker.current().get(endpoint, &self.balancer);
+        pool.send_upgrade(request).await.map_err(SendFailure::Pool)
+    }
+
     /// Sends `request` (absolute target, `Host` set) to `endpoint`.
     async fn send(
         &self,
@@ -241,10 +258,23 @@ fn outcome_of_status(status: http::StatusCode) -> Outcome {
     }
 }
 
+/// The answer to an upstream's 101 to a request that did not ask to switch (or was not
+/// forwarded as a handshake): 502, the upstream's connection closed with its response.
+fn unexpected_switch() -> Response<Body> {
+    portcullis_problem::Problem::new(
+        http::StatusCode::BAD_GATEWAY,
+        "upstream-failed",
+        "Upstream switched protocols unasked",
+        "The upstream switched protocols on a request that did not ask to.",
+    )
+    .into_response()
+}
+
 /// The proxy service: forwards a routed request to its upstream.
 #[derive(Debug, Clone)]
 pub struct Proxy {
     upstreams: Arc<[Arc<Upstream>]>,
+    websockets: Arc<WebSockets>,
 }
 
 // === impl Proxy ===
@@ -254,7 +284,14 @@ impl Proxy {
     pub fn new(upstreams: Vec<Arc<Upstream>>) -> Self {
         Self {
             upstreams: upstreams.into(),
+            websockets: Arc::default(),
         }
+    }
+
+    /// Forwards WebSocket handshakes on the routes that allow them (`upstream::websocket`).
+    pub(crate) fn with_websockets(mut self, websockets: WebSockets) -> Self {
+        self.websockets = Arc::new(websockets);
+        self
     }
 }
 
@@ -300,12 +337,36 @@ impl Service<Request<Body>> for Proxy {
                 .get(&crate::edge::request_id::X_REQUEST_ID)
                 .cloned()
         });
+        let tunnel = self.websockets.handshake(&request, &context);
         // The attempt's span and trace headers (see `crate::telemetry`).
-        let (request, attempt) =
+        let (mut request, attempt) =
             match prepare(request, &context, &endpoint.address, id, upstream.http2) {
                 Ok(request) => Attempt::start(request),
                 Err(err) => return std::future::ready(Err(err)).boxed(),
             };
+        if let Some(tunnel) = tunnel {
+            Handshake::prepare(&mut request);
+            return async move {
+                let result = upstream.send_upgrade(&endpoint, request).await;
+                attempt.end(result.as_ref().ok().map(|r| r.status().as_u16()));
+                let response = result.map_err(|err| {
+                    let err = match err {
+                        SendFailure::Legacy(err) => ProxyError::from_client(err, id),
+                        SendFailure::Pool(err) => ProxyError::from_pool(err, id),
+                    };
+                    upstream
+                        .balancer
+                        .record(&endpoint, outcome_of_error(err.kind()));
+                    err
+                })?;
+                upstream
+                    .balancer
+                    .record(&endpoint, outcome_of_status(response.status()));
+                drop(in_flight);
+                Ok(tunnel.answer(response))
+            }
+            .boxed();
+        }
         async move {
             // Bodiless requests (most GETs) need no witness and skip its allocation.
             let (request, body_failure) = if http_body::Body::is_end_stream(request.body()) {
@@ -353,6 +414,11 @@ impl Service<Request<Body>> for Proxy {
                 .balancer
                 .record(&endpoint, outcome_of_status(response.status()));
             let (mut parts, body) = response.into_parts();
+            if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                // Only a forwarded WebSocket handshake may switch (above): a 101 to any
+                // other request would leave the client's connection half-switched.
+                return Ok(unexpected_switch());
+            }
             // Innermost, so the upstream's `Connection` cannot name away the headers the
             // outer layers add to this response.
             hop_by_hop::strip_upstream_response(&mut parts.headers);

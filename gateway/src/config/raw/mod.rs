@@ -268,6 +268,10 @@ pub struct RawTenant {
     /// Deprecated name of `concurrency_limit`, accepted with a warning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u64>,
+    /// Open WebSocket tunnels of this tenant on all routes (per replica); a handshake over
+    /// it → 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_websockets: Option<u32>,
 }
 
 /// `[demo]`: the built-in demo upstream.

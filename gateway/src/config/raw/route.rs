@@ -100,6 +100,19 @@ pub struct RawRoute {
     /// Header rules on the upstream's response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_headers: Option<RawHeaderRules>,
+    /// Forward WebSocket handshakes (`Upgrade: websocket`) and tunnel the connection after
+    /// the upstream's 101; otherwise `Upgrade` is removed like any hop-by-hop field.
+    #[serde(default)]
+    pub websocket: bool,
+    /// A tunnel with no byte either way for this long is closed (1001); default 60 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_idle_timeout: Option<HumanDuration>,
+    /// A tunnel open this long is closed (1001); default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_max_lifetime: Option<HumanDuration>,
+    /// Open WebSocket tunnels on this route (per replica); a handshake over it → 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_websockets: Option<u32>,
 }
 
 /// `cors = { allow_origins = [...], ... }` on a route.

@@ -22,8 +22,14 @@
 //! The guard stops inspecting — and passes bytes through untouched — where it cannot
 //! follow the stream for certain: when a head outgrows the read limit (hyper then answers
 //! 431), or when a chunked body breaks the grammar (hyper then rejects it and closes).
-//! hyper's own defences still apply there. CONNECT and Upgrade heads are followed like any
-//! other: the gateway never tunnels or switches protocols. The guard only ever sees
+//! hyper's own defences still apply there.
+//!
+//! A request that asks to switch protocols (CONNECT, or `Upgrade` in HTTP/1.1: exactly the
+//! requests hyper offers an upgrade) is followed to the end of its body, and then nothing
+//! more is read until it is answered (`Activity::upgrade_answered`): a 101 hands what
+//! follows to the tunnel untouched; any other answer resumes inspection at the next head.
+//! So bytes a client sends ahead of the answer are never read as HTTP and then tunnelled,
+//! nor tunnelled when the connection stays HTTP. The guard only ever sees
 //! HTTP/1 connections (the listener picks the protocol first), so an HTTP/2 preface here
 //! is an unsupported version, answered 505.
 //!
@@ -84,13 +90,27 @@ enum Position {
     /// At a request head.
     Head,
     /// Inside a body of this many remaining bytes.
-    Length(u64),
+    Length(u64, After),
     /// Inside a chunked body.
-    Chunked(ChunkTracker),
+    Chunked(ChunkTracker, After),
+    /// After a request that asked to switch protocols: nothing more is read until its
+    /// answer is known (`Activity::upgrade_answered`).
+    Upgrading,
     /// Not inspecting any more.
     PassThrough,
+    /// Answered 101: the connection is no longer HTTP; bytes pass untouched.
+    Switched,
     /// A head was refused; nothing after it is read.
     Refused,
+}
+
+/// What follows a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// The next request head.
+    Head,
+    /// The wait for the answer of a request that asked to switch protocols.
+    Answer,
 }
 
 /// What scanning fresh bytes found.
@@ -102,6 +122,9 @@ enum Scan {
     HeadIncomplete(usize),
     /// The head starting at this offset is refused.
     Refused(usize, Refusal),
+    /// The bytes from this offset follow a request that asked to switch protocols: held
+    /// until its answer.
+    Hold(usize),
 }
 
 // === impl Position ===
@@ -112,23 +135,26 @@ impl Position {
         let mut at = 0;
         while at < bytes.len() {
             match *self {
-                Position::PassThrough | Position::Refused => return Scan::Clear,
-                Position::Length(left) => {
+                Position::PassThrough | Position::Switched | Position::Refused => {
+                    return Scan::Clear
+                }
+                Position::Upgrading => return Scan::Hold(at),
+                Position::Length(left, after) => {
                     let take = left.min((bytes.len() - at) as u64);
                     at += take as usize;
                     *self = match left - take {
-                        0 => Position::Head,
-                        left => Position::Length(left),
+                        0 => after.position(),
+                        left => Position::Length(left, after),
                     };
                 }
-                Position::Chunked(mut tracker) => match tracker.advance(&bytes[at..]) {
+                Position::Chunked(mut tracker, after) => match tracker.advance(&bytes[at..]) {
                     Progress::Continues => {
-                        *self = Position::Chunked(tracker);
+                        *self = Position::Chunked(tracker, after);
                         return Scan::Clear;
                     }
                     Progress::Ended(used) => {
                         at += used;
-                        *self = Position::Head;
+                        *self = after.position();
                     }
                     Progress::Lost => {
                         *self = Position::PassThrough;
@@ -143,19 +169,36 @@ impl Position {
                             *self = Position::Refused;
                             return Scan::Refused(at, refusal);
                         }
-                        HeadVerdict::Complete { len, body } => {
+                        HeadVerdict::Complete { len, body, upgrade } => {
                             at += len;
+                            let after = if upgrade { After::Answer } else { After::Head };
                             *self = match body {
-                                BodyFraming::Empty => Position::Head,
-                                BodyFraming::Length(n) => Position::Length(n),
-                                BodyFraming::Chunked => Position::Chunked(ChunkTracker::new()),
+                                BodyFraming::Empty => after.position(),
+                                BodyFraming::Length(n) => Position::Length(n, after),
+                                BodyFraming::Chunked => {
+                                    Position::Chunked(ChunkTracker::new(), after)
+                                }
                             };
                         }
                     }
                 }
             }
         }
+        if *self == Position::Upgrading {
+            return Scan::Hold(at);
+        }
         Scan::Clear
+    }
+}
+
+// === impl After ===
+
+impl After {
+    fn position(self) -> Position {
+        match self {
+            After::Head => Position::Head,
+            After::Answer => Position::Upgrading,
+        }
     }
 }
 
@@ -246,6 +289,21 @@ impl<IO> FramingGuard<IO> {
                 self.held.extend_from_slice(&refusal_head(refusal));
                 self.releasable = self.held.len();
             }
+            Scan::Hold(at) => self.releasable += at,
+        }
+    }
+
+    /// Acts on the answer to the request the guard holds back after.
+    fn settle_upgrade(&mut self, switched: bool) {
+        if switched {
+            // hyper hands the connection, with what it has read, to the upgrade; what the
+            // guard held follows untouched.
+            self.position = Position::Switched;
+            self.releasable = self.held.len();
+        } else {
+            self.position = Position::Head;
+            let scan = self.position.scan(&self.held[self.releasable..]);
+            self.settle_held(scan);
         }
     }
 }
@@ -276,9 +334,18 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
             if self.release(buf) {
                 return Poll::Ready(Ok(()));
             }
-            if self.position == Position::Refused {
+            match self.position {
                 // Never read past a refused head; hyper closes after answering it.
-                return Poll::Pending;
+                Position::Refused => return Poll::Pending,
+                // Nor past a request that asked to switch protocols, until its answer.
+                Position::Upgrading => match self.activity.poll_upgrade_answer(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(switched) => {
+                        self.settle_upgrade(switched);
+                        continue;
+                    }
+                },
+                _ => {}
             }
             let before = buf.filled().len();
             if Pin::new(&mut self.io).poll_read(cx, buf)?.is_pending() {
@@ -303,6 +370,13 @@ impl<IO: AsyncRead + Unpin> FramingGuard<IO> {
                     Scan::Refused(at, refusal) => {
                         buf.set_filled(before + at);
                         self.settle_held(Scan::Refused(0, refusal));
+                        if at > 0 {
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
+                    Scan::Hold(at) => {
+                        self.held.extend_from_slice(&buf.filled()[before + at..]);
+                        buf.set_filled(before + at);
                         if at > 0 {
                             return Poll::Ready(Ok(()));
                         }
@@ -351,7 +425,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FramingGuard<IO> {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_close(cx)
+        let this = self.get_mut();
+        if this.position == Position::Switched {
+            // A switched connection is closed by its tunnel, which lingers no more.
+            return Pin::new(&mut this.io).poll_shutdown(cx);
+        }
+        this.poll_close(cx)
     }
 }
 

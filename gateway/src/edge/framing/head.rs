@@ -32,8 +32,13 @@ pub enum BodyFraming {
 pub enum HeadVerdict {
     /// More bytes are needed.
     Incomplete,
-    /// The head is `len` bytes long and its body is framed as `body`.
-    Complete { len: usize, body: BodyFraming },
+    /// The head is `len` bytes long and its body is framed as `body`; `upgrade`: hyper
+    /// will offer the request a protocol switch (CONNECT, or HTTP/1.1 with `Upgrade`).
+    Complete {
+        len: usize,
+        body: BodyFraming,
+        upgrade: bool,
+    },
     /// The head must not be served.
     Refused(Refusal),
 }
@@ -57,8 +62,27 @@ pub fn inspect(bytes: &[u8]) -> HeadVerdict {
         Err(_) => return HeadVerdict::Refused(Refusal::MalformedHead),
     };
     match framing(&request) {
-        Ok(body) => HeadVerdict::Complete { len, body },
+        Ok(body) => HeadVerdict::Complete {
+            len,
+            body,
+            upgrade: asks_to_switch(&request),
+        },
         Err(refusal) => HeadVerdict::Refused(refusal),
+    }
+}
+
+/// Whether hyper's server parser marks this request as one that may switch protocols
+/// (its `wants_upgrade`), exactly as it decides: an `Upgrade` field, whatever its value,
+/// makes it HTTP/1.1 or not; without one, the method CONNECT.
+fn asks_to_switch(request: &httparse::Request<'_, '_>) -> bool {
+    let has_upgrade = request
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
+    if has_upgrade {
+        request.version == Some(1)
+    } else {
+        request.method == Some("CONNECT")
     }
 }
 
@@ -123,9 +147,8 @@ fn framing(request: &httparse::Request<'_, '_>) -> Result<BodyFraming, Refusal> 
         return Err(Refusal::UnsupportedTransferEncoding);
     }
     let chunked = chunked_count == 1;
-    // CONNECT and `Upgrade` heads are framed like any other: the gateway never tunnels or
-    // switches protocols (Upgrade is hop-by-hop and not forwarded), so hyper goes on
-    // reading HTTP/1.1 after them — or, after a 2xx to CONNECT, closes the connection.
+    // CONNECT and `Upgrade` heads are framed like any other; the guard then waits for
+    // their answer before reading on (`FramingGuard`).
     Ok(if chunked {
         BodyFraming::Chunked
     } else {
@@ -181,7 +204,7 @@ mod tests {
 
     fn body(head: &str) -> BodyFraming {
         match verdict(head) {
-            HeadVerdict::Complete { len, body } => {
+            HeadVerdict::Complete { len, body, .. } => {
                 assert_eq!(len, head.len());
                 body
             }

@@ -24,7 +24,8 @@
 //! two atomic operations per request and no timer reset.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -68,6 +69,26 @@ pub struct Activity {
     write_blocked_since_ms: AtomicU64,
     /// Wakes the watchdog when its deadline may have moved earlier.
     changed: Notify,
+    /// The answer to a request that asked to switch protocols, for the framing guard
+    /// (see [`Upgrade`]).
+    upgrade: Mutex<Upgrade>,
+}
+
+/// Where a request that asked to switch protocols (`Upgrade`, CONNECT) stands. The framing
+/// guard reads nothing after such a request until its answer is known: a 101 hands the
+/// connection over untouched, anything else resumes HTTP/1 inspection, so the bytes that
+/// follow are never read in the wrong mode.
+#[derive(Debug, Default)]
+pub(crate) enum Upgrade {
+    /// No answer yet (or no such request).
+    #[default]
+    Pending,
+    /// Waiting for the answer; the guard's read task.
+    Waiting(Waker),
+    /// Answered `101 Switching Protocols`: the connection is no longer HTTP.
+    Switched,
+    /// Answered otherwise: the connection stays HTTP/1.
+    Stayed,
 }
 
 /// A request in flight on a connection; dropping it ends the request.
@@ -87,6 +108,7 @@ impl Activity {
             head_since_ms: AtomicU64::new(0),
             write_blocked_since_ms: AtomicU64::new(0),
             changed: Notify::new(),
+            upgrade: Mutex::new(Upgrade::Pending),
         })
     }
 
@@ -171,6 +193,37 @@ impl Activity {
                 // the end of that response.
                 let from = idle_since.max(head - 1);
                 Some((self.at(from) + timeouts.header_read, Expiry::Head))
+            }
+        }
+    }
+
+    /// The service answered the request that asked to switch protocols: `switched` when
+    /// with a 101. Wakes the guard waiting on it.
+    pub(crate) fn upgrade_answered(&self, switched: bool) {
+        let answer = if switched {
+            Upgrade::Switched
+        } else {
+            Upgrade::Stayed
+        };
+        let previous = std::mem::replace(
+            &mut *self.upgrade.lock().unwrap_or_else(PoisonError::into_inner),
+            answer,
+        );
+        if let Upgrade::Waiting(waker) = previous {
+            waker.wake();
+        }
+    }
+
+    /// The guard: the answer to the request it holds back after, once known (and the state
+    /// reset for the next such request); pending until then.
+    pub(crate) fn poll_upgrade_answer(&self, cx: &mut Context<'_>) -> Poll<bool> {
+        let mut upgrade = self.upgrade.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::take(&mut *upgrade) {
+            Upgrade::Switched => Poll::Ready(true),
+            Upgrade::Stayed => Poll::Ready(false),
+            Upgrade::Pending | Upgrade::Waiting(_) => {
+                *upgrade = Upgrade::Waiting(cx.waker().clone());
+                Poll::Pending
             }
         }
     }

@@ -34,8 +34,14 @@
 //! # Shutdown
 //!
 //! On shutdown the listener stops accepting, asks every connection to finish gracefully
-//! (HTTP/1: close after the response in flight; HTTP/2: GOAWAY), and waits for them within
-//! `server.shutdown_grace`.
+//! (HTTP/1: close after the response in flight; HTTP/2: GOAWAY; a WebSocket tunnel: a close
+//! frame, 1001), and waits for them within `server.shutdown_grace`.
+//!
+//! # Upgrades
+//!
+//! HTTP/1 connections allow hyper's upgrades: a request the proxy answers `101` becomes a
+//! WebSocket tunnel (`upstream::websocket`), which keeps the connection's slot until it
+//! ends.
 
 mod accept;
 pub(crate) mod activity;
@@ -58,7 +64,7 @@ use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_rustls::TlsAcceptor;
 use tower::util::BoxCloneService;
 
@@ -71,6 +77,7 @@ use self::stream::StreamExecutor;
 use self::watched::Watched;
 use crate::config::Http2Settings;
 use crate::edge::framing::FramingGuard;
+use crate::edge::upgrade::ConnectionHold;
 use crate::tls::ALPN_H2;
 
 /// How long a connection accepted at the cap waits for a reclaimed idle one to free a slot.
@@ -271,15 +278,24 @@ impl Listener {
     {
         let io = Watched::new(io, conn.activity.clone());
         let guarded = FramingGuard::new(io, self.head_limit, conn.activity.clone());
+        // A tunnel opened from this connection (`edge::upgrade`) holds a sender: the
+        // connection, its slot and the drain's wait last until the last one is gone.
+        let (open, mut tunnels) = mpsc::channel::<()>(1);
         let service = ConnectionService::new(
             conn.pipeline,
             conn.peer,
             tls,
             conn.activity.clone(),
             Some(self.keep_alive.clone()),
-        );
-        let connection = self.http1.serve_connection(TokioIo::new(guarded), service);
+        )
+        .with_upgrades(ConnectionHold::new(self.stop.clone(), open));
+        let connection = self
+            .http1
+            .serve_connection(TokioIo::new(guarded), service)
+            .with_upgrades();
         self.watch(connection, conn.activity, conn.peer).await;
+        // Bounded by the tunnel's own limits, and on shutdown by its close (1001).
+        let _ = tunnels.recv().await;
     }
 
     async fn http2<IO>(&self, io: IO, conn: Conn, tls: bool)

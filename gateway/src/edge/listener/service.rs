@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use http::{header, HeaderValue, Request, Response};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use super::activity::{Activity, Busy};
 use super::stream::SendWait;
 use super::{ClientTls, HttpService};
+use crate::edge::upgrade::ConnectionHold;
 use crate::plumbing::client::PeerAddr;
 use crate::plumbing::held::{Both, HeldBody, UntilEnd};
 
@@ -29,6 +31,9 @@ pub(crate) struct ConnectionService {
     /// `Keep-Alive: timeout=N` for HTTP/1 responses; `None` on HTTP/2, where
     /// connection-specific fields are forbidden.
     keep_alive: Option<HeaderValue>,
+    /// HTTP/1: what a tunnel opened from this connection holds (`edge::upgrade`); the
+    /// requests offered a switch also report their answer to the framing guard.
+    hold: Option<ConnectionHold>,
 }
 
 impl ConnectionService {
@@ -45,7 +50,15 @@ impl ConnectionService {
             tls,
             activity,
             keep_alive,
+            hold: None,
         }
+    }
+
+    /// An HTTP/1 connection's service: requests that ask to switch protocols carry `hold`,
+    /// and their answer is reported to the framing guard.
+    pub(crate) fn with_upgrades(mut self, hold: ConnectionHold) -> Self {
+        self.hold = Some(hold);
+        self
     }
 }
 
@@ -61,12 +74,22 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         if self.tls {
             request.extensions_mut().insert(ClientTls);
         }
+        // hyper offers a switch (and the guard waits for its answer) exactly on the requests
+        // it gave an `OnUpgrade`.
+        let answers_upgrade = match &self.hold {
+            Some(hold) if request.extensions().get::<OnUpgrade>().is_some() => {
+                request.extensions_mut().insert(hold.clone());
+                Some(self.activity.clone())
+            }
+            _ => None,
+        };
         // A named future rather than a boxed `async` block: the pipeline's future is boxed
         // already, a second box per request would only add an allocation and a move.
         Serving {
             response: self.pipeline.clone().oneshot(request.map(Body::new)),
             keep_alive: self.keep_alive.clone(),
             in_flight: Some(in_flight),
+            answers_upgrade,
         }
     }
 }
@@ -83,6 +106,7 @@ pin_project_lite::pin_project! {
         response: Oneshot<HttpService, Request<Body>>,
         keep_alive: Option<HeaderValue>,
         in_flight: Option<Busy>,
+        answers_upgrade: Option<Arc<Activity>>,
     }
 }
 
@@ -92,7 +116,11 @@ impl Future for Serving {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Ok(mut response) = std::task::ready!(this.response.poll(cx));
-        if let Some(value) = this.keep_alive.take() {
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if let Some(activity) = this.answers_upgrade.take() {
+            activity.upgrade_answered(switching);
+        }
+        if let Some(value) = this.keep_alive.take().filter(|_| !switching) {
             // Tell clients when the gateway closes an idle connection, so they close
             // (or stop reusing it) first and never race the close.
             if !response.headers().contains_key(header::CONNECTION) {

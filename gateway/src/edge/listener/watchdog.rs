@@ -15,7 +15,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulConnection;
+use std::future::Future;
+use std::pin::Pin;
+
+use hyper::body::Body;
+use hyper::rt::{Read, Write};
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
 use tokio::time::Instant;
 
 use super::activity::{Activity, Expiry, Timeouts};
@@ -52,8 +58,7 @@ impl Listener {
     /// the cap, or on shutdown.
     pub(super) async fn watch<C>(&self, connection: C, activity: Arc<Activity>, peer: SocketAddr)
     where
-        C: GracefulConnection,
-        C::Error: std::fmt::Display,
+        C: Graceful,
     {
         let timeouts = self.timeouts();
         let mut stop = self.stop.clone();
@@ -106,6 +111,41 @@ impl Listener {
         }
         closed(why, self.options.name, peer);
         let _ = tokio::time::timeout(IDLE_CLOSE_BOUND, connection).await;
+    }
+}
+
+/// A hyper connection the watchdog drives: a future that can be asked to finish
+/// gracefully. (hyper-util's `GracefulConnection` does not cover HTTP/1 connections that
+/// allow upgrades, which the HTTP/1 listener serves.)
+pub(super) trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    /// Finish the request in flight (HTTP/1) or send GOAWAY (HTTP/2), then close.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
+where
+    S: HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: Read + Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
+where
+    S: HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: Read + Write + Unpin + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
     }
 }
 

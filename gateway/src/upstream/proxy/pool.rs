@@ -266,6 +266,36 @@ impl EndpointPool {
         Ok(sender)
     }
 
+    /// Sends a request that asks to switch protocols on a connection of its own, which is
+    /// never pooled: after a 101 it belongs to the tunnel (`hyper::upgrade::on` on the
+    /// response), after anything else it closes once the response ends.
+    pub(crate) async fn send_upgrade(
+        &self,
+        mut request: Request<Body>,
+    ) -> Result<Response<hyper::body::Incoming>, SendError> {
+        origin_form(&mut request);
+        let io = self
+            .connector
+            .clone()
+            .oneshot(self.target.clone())
+            .await
+            .map_err(|err| SendError::Connect(Box::new(err)))?;
+        let (mut sender, connection) = http1::Builder::new()
+            .max_buf_size(self.read_buffer)
+            .handshake(io)
+            .await
+            .map_err(|err| SendError::Connect(Box::new(err)))?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.with_upgrades().await {
+                tracing::debug!(error = %err, "upstream upgrade connection failed");
+            }
+        });
+        sender
+            .send_request(request)
+            .await
+            .map_err(SendError::Exchange)
+    }
+
     fn lock(&self) -> MutexGuard<'_, VecDeque<Idle>> {
         // A poisoned lock still holds a valid stack.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())

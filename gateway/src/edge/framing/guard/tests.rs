@@ -6,8 +6,15 @@ use tokio::time::Instant;
 
 /// What hyper would receive when `stream` arrives in pieces of `split` bytes.
 async fn through_guard(stream: &[u8], split: usize) -> Vec<u8> {
+    through_guard_answered(stream, split, None).await
+}
+
+/// [`through_guard`], with every request that asks to switch protocols answered
+/// (`Some(true)`: 101) as soon as the guard waits for the answer; `None`: never answered.
+async fn through_guard_answered(stream: &[u8], split: usize, answer: Option<bool>) -> Vec<u8> {
     let (client, server) = tokio::io::duplex(64 * 1024);
-    let mut guard = FramingGuard::new(server, 4096, Activity::new());
+    let activity = Activity::new();
+    let mut guard = FramingGuard::new(server, 4096, activity.clone());
     let stream = stream.to_vec();
     let writer = tokio::spawn(async move {
         let mut client = client;
@@ -26,7 +33,11 @@ async fn through_guard(stream: &[u8], split: usize) -> Vec<u8> {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
             Ok(Err(err)) => panic!("{err}"),
-            // Pending for good: the guard refused a head and stopped reading.
+            // Pending: waiting for an answer, which comes now, ...
+            Err(_) if guard.position == Position::Upgrading && answer.is_some() => {
+                activity.upgrade_answered(answer.unwrap_or(false));
+            }
+            // ... or for good: the guard refused a head and stopped reading.
             Err(_) => break,
         }
     }
@@ -245,12 +256,13 @@ async fn held_bytes_stay_bounded_when_every_read_ends_mid_head() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn connect_and_upgrade_heads_do_not_switch_inspection_off() {
+async fn connect_and_upgrade_heads_answered_otherwise_keep_inspection_on() {
     let attack =
         b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     for opener in [
         &b"CONNECT a:1 HTTP/1.1\r\nHost: a\r\n\r\n"[..],
         b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        b"POST / HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\nabc",
     ] {
         let stream = [opener, &attack[..]].concat();
         let expected = [
@@ -258,6 +270,49 @@ async fn connect_and_upgrade_heads_do_not_switch_inspection_off() {
             &refusal_head(Refusal::LengthWithTransferEncoding)[..],
         ]
         .concat();
-        assert_eq!(through_guard(&stream, 4096).await, expected);
+        for split in [1, 7, 4096] {
+            assert_eq!(
+                through_guard_answered(&stream, split, Some(false)).await,
+                expected
+            );
+        }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_after_a_switch_request_is_read_before_its_answer() {
+    let opener = b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+    let after = b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let stream = [&opener[..], &after[..]].concat();
+    for split in [1, 5, 4096] {
+        assert_eq!(through_guard_answered(&stream, split, None).await, opener);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_101_the_bytes_pass_untouched() {
+    let opener = b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+    // What a tunnel carries may look like a conflicting head: it is not HTTP any more.
+    let after =
+        b"POST /x HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n\x81\x05hello";
+    let stream = [&opener[..], &after[..]].concat();
+    for split in [1, 9, 4096] {
+        assert_eq!(
+            through_guard_answered(&stream, split, Some(true)).await,
+            stream
+        );
+    }
+}
+
+#[test]
+fn an_http10_upgrade_is_no_switch_request_and_connect_is() {
+    let verdict = |head: &[u8]| match head::inspect(head) {
+        HeadVerdict::Complete { upgrade, .. } => upgrade,
+        other => panic!("{other:?}"),
+    };
+    assert!(!verdict(b"GET / HTTP/1.0\r\nUpgrade: websocket\r\n\r\n"));
+    assert!(!verdict(b"CONNECT a:1 HTTP/1.0\r\nUpgrade: x\r\n\r\n"));
+    assert!(verdict(b"CONNECT a:1 HTTP/1.0\r\n\r\n"));
+    assert!(verdict(b"GET / HTTP/1.1\r\nupgrade: \r\n\r\n"));
+    assert!(!verdict(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"));
 }
