@@ -1,22 +1,46 @@
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::common::BIN;
 
-/// Runs `portcullis --config` on `text`; returns (exit code, stderr).
+/// How often, and how many times, the process is checked for its exit: 30 s in all.
+const POLL: Duration = Duration::from_millis(20);
+const POLLS: u32 = 1500;
+
+/// Runs `portcullis --config` on `text`; returns (exit code, stderr). A configuration that
+/// is accepted after all starts a gateway: it is killed after [`POLLS`] checks and the test
+/// fails, rather than waiting for ever.
 fn run_with(text: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, text).unwrap();
-    let output = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .arg("--config")
         .arg(&path)
         .current_dir(dir.path())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let mut status = None;
+    for _ in 0..POLLS {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the configuration was accepted and the gateway kept running:\n{text}");
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    (status.code(), stderr)
 }
 
 const UPSTREAM: &str = "[[upstreams]]\nname = \"u\"\nendpoints = [\"http://127.0.0.1:9\"]\n";
