@@ -47,10 +47,18 @@ pub(super) struct Teed {
     seen: Option<tokio::sync::watch::Receiver<Recording>>,
 }
 
-/// Frames already read from a body, followed by the rest of it.
-struct PrefixedBody {
+/// Frames already read from a body, followed by the rest of it: what a layer that had to
+/// look at the start of a body hands on. Shared with the gateway's request buffering.
+pub struct PrefixedBody {
     prefix: VecDeque<Frame<Bytes>>,
     rest: Body,
+}
+
+impl PrefixedBody {
+    /// `prefix`, then whatever `rest` still yields.
+    pub fn new(prefix: VecDeque<Frame<Bytes>>, rest: Body) -> Self {
+        Self { prefix, rest }
+    }
 }
 
 // === impl Prepared ===

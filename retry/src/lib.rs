@@ -165,6 +165,7 @@ mod tests;
 use std::sync::Arc;
 
 pub use self::{
+    body::PrefixedBody,
     clock::{SystemWallClock, WallClock},
     error::{FailureKind, RetryError, UpstreamFailure},
     handoff::{FindHandoff, Handoff},

@@ -11,16 +11,17 @@
 //! request bodies are held at once (1 MiB × 10 000 by default in the worst case).
 
 use std::collections::VecDeque;
-use std::pin::Pin;
+
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
 use portcullis_idempotency::NotForwarded;
+use portcullis_retry::PrefixedBody;
 use tower::{Layer, Service};
 
 use crate::pipeline::rescue::request_body_problem;
@@ -44,12 +45,6 @@ enum Read {
     Whole(Body),
     /// Over the limit: the frames read so far, followed by the unread rest.
     Streamed(Body),
-}
-
-/// Frames already read from a body, followed by the rest of it (a body over the buffer).
-struct Prefixed {
-    prefix: VecDeque<Frame<Bytes>>,
-    rest: Body,
 }
 
 // === impl BufferLayer ===
@@ -131,11 +126,7 @@ async fn read(mut body: Body, limit: usize) -> Result<Read, axum::Error> {
         len = len.saturating_add(frame.data_ref().map_or(0, Bytes::len));
         frames.push_back(frame);
         if len > limit {
-            let rest = Prefixed {
-                prefix: frames,
-                rest: body,
-            };
-            return Ok(Read::Streamed(Body::new(rest)));
+            return Ok(Read::Streamed(Body::new(PrefixedBody::new(frames, body))));
         }
     }
     Ok(Read::Whole(whole(frames, len)))
@@ -145,11 +136,7 @@ async fn read(mut body: Body, limit: usize) -> Result<Read, axum::Error> {
 /// case, which also gives the body its exact size for `Content-Length`).
 fn whole(frames: VecDeque<Frame<Bytes>>, len: usize) -> Body {
     if frames.iter().any(Frame::is_trailers) {
-        let rest = Prefixed {
-            prefix: frames,
-            rest: Body::empty(),
-        };
-        return Body::new(rest);
+        return Body::new(PrefixedBody::new(frames, Body::empty()));
     }
     let mut data = frames.into_iter().filter_map(|f| f.into_data().ok());
     match data.next() {
@@ -161,42 +148,6 @@ fn whole(frames: VecDeque<Frame<Bytes>>, len: usize) -> Body {
             data.for_each(|chunk| buf.extend_from_slice(&chunk));
             Body::from(buf.freeze())
         }
-    }
-}
-
-// === impl Prefixed ===
-
-impl http_body::Body for Prefixed {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        if let Some(frame) = self.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(frame)));
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty() && self.rest.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let buffered: u64 = self
-            .prefix
-            .iter()
-            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
-            .sum();
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(buffered));
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper.saturating_add(buffered));
-        }
-        hint
     }
 }
 
