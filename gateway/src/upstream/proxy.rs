@@ -107,6 +107,16 @@ enum SendFailure {
     Pool(pool::SendError),
 }
 
+impl SendFailure {
+    /// The failure as the attempt `id` reports it.
+    fn into_proxy_error(self, id: usize) -> ProxyError {
+        match self {
+            Self::Legacy(err) => ProxyError::from_client(err, id),
+            Self::Pool(err) => ProxyError::from_pool(err, id),
+        }
+    }
+}
+
 // === impl Upstream ===
 
 impl Upstream {
@@ -350,10 +360,7 @@ impl Service<Request<Body>> for Proxy {
                 let result = upstream.send_upgrade(&endpoint, request).await;
                 attempt.end(result.as_ref().ok().map(|r| r.status().as_u16()));
                 let response = result.map_err(|err| {
-                    let err = match err {
-                        SendFailure::Legacy(err) => ProxyError::from_client(err, id),
-                        SendFailure::Pool(err) => ProxyError::from_pool(err, id),
-                    };
+                    let err = err.into_proxy_error(id);
                     upstream
                         .balancer
                         .record(&endpoint, outcome_of_error(err.kind()));
@@ -400,10 +407,7 @@ impl Service<Request<Body>> for Proxy {
                 // failure better than hyper's report of it (see `client_body`).
                 let err = match body_failure.as_ref().and_then(BodyFailure::take) {
                     Some(body_err) => ProxyError::from_client_body(body_err, id),
-                    None => match err {
-                        SendFailure::Legacy(err) => ProxyError::from_client(err, id),
-                        SendFailure::Pool(err) => ProxyError::from_pool(err, id),
-                    },
+                    None => err.into_proxy_error(id),
                 };
                 upstream
                     .balancer
