@@ -9,6 +9,11 @@
 # The toolchain the repository is tested with; bookworm, as the runtime stage (same glibc).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# No debug info in the image's binary (the release profile keeps line tables for profiling:
+# ~96 MB of a 126 MB binary); symbols stay, so a panic's backtrace still names functions.
+# Set before the first build so the dependency layer is built the same way.
+ENV CARGO_PROFILE_RELEASE_DEBUG=false \
+    CARGO_PROFILE_RELEASE_STRIP=debuginfo
 
 # Dependency-cache layer: the manifests and the lock file with stub sources, so the external
 # crates compile once and stay cached until a manifest or Cargo.lock changes. Every target a
@@ -59,5 +64,9 @@ USER 10001:10001
 EXPOSE 8080 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["curl", "-fsS", "-o", "/dev/null", "http://127.0.0.1:8081/readyz"]
+# SIGTERM drains: in-flight requests get server.shutdown_grace (8 s in container.toml), which
+# must end before the engine's stop timeout (Docker's default 10 s; `docker run
+# --stop-timeout`, compose `stop_grace_period`) kills the process (scripts/check-container).
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/portcullis"]
 CMD ["--config", "/etc/portcullis/container.toml"]

@@ -128,6 +128,8 @@ log "redis: $PORTCULLIS_TEST_REDIS_URL  cluster: $PORTCULLIS_TEST_REDIS_CLUSTER_
 
 log "checking the container rules (no engine needed)"
 scripts/check-container
+log "checking the Kubernetes manifests (no cluster needed)"
+scripts/check-kubernetes
 
 # `scripts/test.sh -p <crate> ...` narrows the run; without `-p` it is the whole workspace.
 scope=(--workspace)

@@ -36,9 +36,11 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate a configuration file and print the effective configuration (secrets redacted).
+    /// Without FILE: the `--config` file, else the embedded default (what `portcullis`
+    /// alone would run).
     CheckConfig {
         /// The file to check.
-        file: PathBuf,
+        file: Option<PathBuf>,
     },
     /// Administer tenants, keys and quotas through a running gateway's admin API (token from
     /// PORTCULLIS_ADMIN_TOKEN).
@@ -79,14 +81,23 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(Command::CheckConfig { file }) = &cli.command {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
+        let (text, name) = match file.as_ref().or(cli.config.as_ref()) {
+            Some(file) => (
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read {}", file.display()))?,
+                file.display().to_string(),
+            ),
+            None => (
+                EMBEDDED_CONFIG.to_owned(),
+                "the embedded default (config/portcullis.example.toml)".to_owned(),
+            ),
+        };
         let parsed = Config::parse(&text, &ProcessEnv)?;
         for renamed in &parsed.renamed {
             eprintln!("warning: {renamed}");
         }
         print!("{}", config::effective_toml(&text)?);
-        eprintln!("configuration OK: {}", file.display());
+        eprintln!("configuration OK: {name}");
         return Ok(());
     }
     let mut config = match &cli.config {

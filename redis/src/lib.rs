@@ -36,6 +36,7 @@
 //! [`ConnectOptions::retries`] times, quickly, and every caller here also bounds each call
 //! with its own timeout, so a dead node costs a request at most that timeout, never a hang.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -202,6 +203,170 @@ impl RedisConnection {
             .unwrap_or_default();
         Ok((bytes, policy.get(1).cloned().unwrap_or_default()))
     }
+}
+
+/// Why a deployment refuses writes ([`RedisConnection::check_writes`]). The message names
+/// the part that refuses: the server, or a cluster's slot range and its master.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteCheckError {
+    /// The single server refused or failed the probe write (down, `READONLY` replica,
+    /// `OOM`, `MISCONF`, …).
+    #[error("refuses writes: {0}")]
+    Server(#[source] redis::RedisError),
+    /// The cluster's slot map could not be read.
+    #[error("cluster slot map unreadable: {0}")]
+    SlotMap(#[source] redis::RedisError),
+    /// Some slots are assigned to no node.
+    #[error("cluster slots {start}-{end} have no master")]
+    Unassigned {
+        /// First unserved slot.
+        start: u16,
+        /// Last unserved slot.
+        end: u16,
+    },
+    /// A master refused or failed the probe write for its slots (dead, `CLUSTERDOWN`, …).
+    #[error("cluster slots {start}-{end} (master {master}) refuse writes: {source}")]
+    Master {
+        /// First slot of the range.
+        start: u16,
+        /// Last slot of the range.
+        end: u16,
+        /// `host:port` of the master the slot map names.
+        master: String,
+        /// What the write answered.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// Prefix of the keys the write probe sets (each with [`PROBE_TTL_MS`]).
+const PROBE_PREFIX: &str = "portcullis:readyz:";
+/// The probe keys expire on their own: no cleanup, no growth.
+const PROBE_TTL_MS: u64 = 10_000;
+/// Number of cluster slots.
+const SLOTS: usize = 16384;
+
+impl RedisConnection {
+    /// Writes one short-lived key the way the stores write theirs: on a single server one
+    /// `SET … PX`; on a cluster one per master (a key hash-tagged into each slot range of
+    /// `CLUSTER SLOTS`), so a dead master, `CLUSTERDOWN`, a `READONLY` node or unassigned
+    /// slots are found even while every other node answers `PING`. Callers bound it with
+    /// their own timeout.
+    pub async fn check_writes(&mut self) -> Result<(), WriteCheckError> {
+        match self {
+            Self::Single(_) => probe_write(self, &format!("{PROBE_PREFIX}single"))
+                .await
+                .map_err(WriteCheckError::Server),
+            Self::Cluster(_) => self.check_cluster_writes().await,
+        }
+    }
+
+    async fn check_cluster_writes(&mut self) -> Result<(), WriteCheckError> {
+        let map: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(self)
+            .await
+            .map_err(WriteCheckError::SlotMap)?;
+        let mut ranges: Vec<(u16, u16, String)> = map.iter().filter_map(slot_range).collect();
+        ranges.sort_by_key(|r| r.0);
+        let mut next = 0usize;
+        for (start, end, _) in &ranges {
+            if usize::from(*start) > next {
+                return Err(unassigned(next, usize::from(*start) - 1));
+            }
+            next = next.max(usize::from(*end) + 1);
+        }
+        if next < SLOTS {
+            return Err(unassigned(next, SLOTS - 1));
+        }
+        let tags = slot_tags();
+        let checks = ranges.into_iter().map(|(start, end, master)| {
+            let mut conn = self.clone();
+            async move {
+                let tag = tags.get(usize::from(start)).copied().unwrap_or_default();
+                let key = format!("{PROBE_PREFIX}{{{tag}}}");
+                probe_write(&mut conn, &key)
+                    .await
+                    .map_err(|source| WriteCheckError::Master {
+                        start,
+                        end,
+                        master,
+                        source,
+                    })
+            }
+        });
+        for result in futures_util::future::join_all(checks).await {
+            result?;
+        }
+        Ok(())
+    }
+}
+
+fn unassigned(start: usize, end: usize) -> WriteCheckError {
+    WriteCheckError::Unassigned {
+        start: u16::try_from(start).unwrap_or(u16::MAX),
+        end: u16::try_from(end).unwrap_or(u16::MAX),
+    }
+}
+
+async fn probe_write(conn: &mut RedisConnection, key: &str) -> RedisResult<()> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg("1")
+        .arg("PX")
+        .arg(PROBE_TTL_MS)
+        .query_async::<()>(conn)
+        .await
+}
+
+/// `(start, end, "host:port")` of one `CLUSTER SLOTS` entry.
+fn slot_range(entry: &Value) -> Option<(u16, u16, String)> {
+    let Value::Array(items) = entry else {
+        return None;
+    };
+    let number = |v: &Value| match v {
+        Value::Int(n) => u16::try_from(*n).ok(),
+        _ => None,
+    };
+    let start = number(items.first()?)?;
+    let end = number(items.get(1)?)?;
+    let master = match items.get(2)? {
+        Value::Array(node) => {
+            let host = match node.first()? {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => String::new(),
+            };
+            let port = node.get(1).and_then(number).unwrap_or_default();
+            format!("{host}:{port}")
+        }
+        _ => String::new(),
+    };
+    Some((start, end, master))
+}
+
+/// For each slot, a number whose decimal text hashes to it: `{n}` as a hash tag puts a key
+/// in that slot. Computed once (about 170 000 CRC16s of short strings, bounded).
+fn slot_tags() -> &'static [u32] {
+    static TAGS: OnceLock<Vec<u32>> = OnceLock::new();
+    TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; SLOTS];
+        let mut missing = SLOTS;
+        for n in 0..4_000_000u32 {
+            let slot = usize::from(slot(n.to_string().as_bytes()));
+            if let Some(t) = tags.get_mut(slot) {
+                if *t == u32::MAX {
+                    *t = n;
+                    missing -= 1;
+                    if missing == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        tags
+    })
 }
 
 impl std::fmt::Debug for RedisConnection {

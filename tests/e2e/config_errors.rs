@@ -176,3 +176,23 @@ fn check_config_prints_effective_configuration_with_secrets_redacted() {
     assert!(String::from_utf8_lossy(&output.stderr)
         .contains("upstreams[0].retry.max_retries = 9: allowed 0..=5"));
 }
+
+#[test]
+fn check_config_without_a_file_prints_the_embedded_default() {
+    // From an empty directory with no file named: what `portcullis` alone would run.
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .arg("check-config")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("embedded default"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // The example's demo upstream and route, with every default filled in.
+    assert!(stdout.contains("[demo]"), "{stdout}");
+    assert!(stdout.contains("max_retries = 3"), "{stdout}");
+    let reparsed: toml::Value = toml::from_str(&stdout).expect("the output is TOML");
+    assert!(reparsed.get("upstreams").is_some(), "{stdout}");
+}

@@ -146,6 +146,18 @@ async fn admin_get(gw: &GatewayProcess, path: &str) -> (u16, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// Waits for the first bucket row to read `arguments[0]` with its meter at `arguments[1]`,
+/// in the region `arguments[2]` as the HTML `<meter>` rules place it (`optimum`: the
+/// value is in the region holding `optimum`; `worst`: at the far end from it).
+const BUCKET_METER: &str = "
+    const row = document.querySelector('#bucket-table tbody tr');
+    const m = row && row.querySelector('meter');
+    if (!m || row.cells[2].textContent !== arguments[0] || m.value !== arguments[1]) return false;
+    const region = (v) => (v < m.low ? 'low' : v > m.high ? 'high' : 'mid');
+    const good = region(m.optimum), here = region(m.value);
+    const state = here === good ? 'optimum' : (here === 'mid' || good === 'mid') ? 'suboptimum' : 'worst';
+    return state === arguments[2];";
+
 #[tokio::test]
 async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
     let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
@@ -319,6 +331,15 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
             json!([]),
         )
         .await;
+    // Tokens left, the right way round: an idle tenant's full bucket (3 / 3) is a full meter
+    // in its optimum (green) region, not a full bar in the worst one.
+    browser
+        .wait_until(
+            "the idle bucket's meter full and good",
+            BUCKET_METER,
+            json!(["3 / 3", 1.0, "optimum"]),
+        )
+        .await;
     let hits_before = upstream.hit_count();
     let mut statuses = Vec::new();
     for _ in 0..10 {
@@ -351,6 +372,22 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
     let bars: Vec<u64> = serde_json::from_value(bars).unwrap();
     assert_eq!(bars.len(), 60);
     assert_eq!(bars.iter().sum::<u64>(), 7);
+    // A log scale with the peak labelled: later small bars stay readable after a spike.
+    let peak = browser
+        .eval(
+            "const c = document.getElementById('chart'); const p = c.querySelector('text.peak'); return c.dataset.scale + ':' + (p ? p.textContent : '');",
+            json!([]),
+        )
+        .await;
+    assert_eq!(peak, json!("log:7"));
+    // The throttled tenant's bucket is empty (0 / 3): an empty meter, below its low mark.
+    browser
+        .wait_until(
+            "the throttled bucket's meter empty and bad",
+            BUCKET_METER,
+            json!(["0 / 3", 0.0, "worst"]),
+        )
+        .await;
     browser
         .wait_until(
             "acme among the top throttled",
@@ -367,6 +404,16 @@ async fn a_browser_administers_a_tenant_and_sees_its_429s_on_the_chart() {
         )
         .await;
     snap(&browser, "usage").await;
+
+    // The tenant list shows who is being throttled now: acme's 7 429s, in its own column.
+    browser.goto(&format!("{console}#tenants")).await;
+    browser
+        .wait_until(
+            "acme's throttling in the tenant list",
+            "const c = document.querySelector(\"#tenant-table td[data-throttled='acme']\"); return !!c && c.textContent === '7' && c.classList.contains('throttled') && document.querySelector('#tenant-table thead').textContent.includes('Throttled');",
+            json!([]),
+        )
+        .await;
 
     // The other pages render from the API.
     browser.goto(&format!("{console}#upstreams")).await;

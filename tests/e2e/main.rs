@@ -98,6 +98,10 @@ mod cors;
 mod repository;
 // docs/configuration.md documents exactly the fields the configuration parser accepts.
 mod config_reference;
+// TLS to Redis: rediss:// to a redis-server on its TLS port only, certificate from a test CA; limits and replays through it.
+mod storage_redis_tls;
+// deploy/kubernetes/ through scripts/check-kubernetes: ports, probes, config paths and the drain agree with the configuration; each rule catches its mistake.
+mod kubernetes;
 // Endpoint health: a killed endpoint ejected (no client errors, no retries to it), active checks down and up, /readyz and /admin/v1/upstreams.
 mod upstream_health;
 // Attempt timeouts are outlier failures: an endpoint that stalls is ejected after its consecutive timeouts.

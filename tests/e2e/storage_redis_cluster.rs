@@ -278,3 +278,89 @@ fn bucket_tat(port: u16, key: &str) -> u64 {
         .parse()
         .unwrap_or(0)
 }
+
+/// `GET /readyz` on `addr`: the status and the whole answer.
+async fn readyz(addr: SocketAddr) -> Option<(u16, String)> {
+    send(
+        addr,
+        "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn readyz_names_the_cluster_store_as_soon_as_a_master_dies_and_recovers() {
+    // Failure detection after 5 s: the first answers after the kill come while the rest of
+    // the cluster still says cluster_state:ok and every other master answers PING.
+    let mut cluster = RedisCluster::start(Duration::from_secs(5)).await;
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
+    let id = unique("ready");
+    let storage = format!("state = \"{}\"", cluster.url());
+    let gw = GatewayProcess::start(
+        BIN,
+        &config(
+            &upstream.url(),
+            &storage,
+            "on_store_error = \"fail_closed\"",
+            &tenant(&id, 1000),
+        ),
+    )
+    .await;
+    let (status, text) = readyz(gw.addr).await.expect("an answer");
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = readyz(gw.admin_addr).await.expect("an answer");
+    assert_eq!(status, 200, "{text}");
+
+    // The master of the tenant's keys dies: its keyed writes are refused from now on.
+    let bucket = format!("rl:{{tenant:{id}}}:tenant");
+    let victim = cluster.port_of_key(&bucket).expect("the slot's master");
+    cluster.kill(victim);
+    // Within 2 s (20 polls 100 ms apart; each answer is bounded by the check's 1 s, and a
+    // dead master refuses its connection at once).
+    let mut named = None;
+    for _ in 0..20 {
+        if let Some((503, text)) = readyz(gw.addr).await {
+            named = Some(text);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text =
+        named.unwrap_or_else(|| panic!("/readyz still 200 with a dead master\n{}", gw.logs()));
+    assert!(text.contains("storage.state"), "names the store: {text}");
+    assert!(
+        text.contains(&format!(":{victim}")),
+        "names the dead master: {text}"
+    );
+    assert!(text.to_ascii_lowercase().contains("problem+json"), "{text}");
+    // /healthz stays liveness only.
+    let (status, _) = send(
+        gw.addr,
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(status, 200);
+    // What readiness promised: a rate-limited request on that master's slots is refused
+    // (fail_closed), and nothing of it reached the upstream.
+    let before = upstream.hit_count();
+    let (status, text) = send(gw.addr, &get(&id, "/d")).await.expect("an answer");
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(upstream.hit_count(), before);
+
+    // The master returns with its slots: ready again.
+    cluster.restart(victim).await;
+    let mut ready = false;
+    for _ in 0..100 {
+        if readyz(gw.addr).await.map(|r| r.0) == Some(200) {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        ready,
+        "ready again after the master returned\n{}",
+        gw.logs()
+    );
+}

@@ -293,3 +293,64 @@ upstream = "solo"
     }
     assert!(proxied(&b) > before, "B serves again");
 }
+
+#[tokio::test]
+async fn a_passing_active_check_lifts_an_outlier_ejection_at_once() {
+    let _trace = portcullis_testkit::trace_init();
+    let a = ScriptedUpstream::start(vec![]).await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    // Checks every 100 ms that never take an endpoint out by themselves (unhealthy = 100):
+    // B leaves by passive ejection only, for 300 s.
+    let config = format!(
+        r#"[[upstreams]]
+name = "pair"
+endpoints = ["{}", "{}"]
+health_check = {{ path = "/healthz", interval = "100ms", timeout = "80ms", healthy = 1, unhealthy = 100 }}
+outlier = {{ consecutive_failures = 2, base_ejection = "300s", max_ejection = "300s" }}
+retry = {{ max_retries = 1, base = "1ms", cap = "2ms", budget_percent = 50, budget_min_retries_per_second = 100 }}
+
+[[routes]]
+prefix = "/"
+upstream = "pair"
+"#,
+        a.url(),
+        b.url()
+    );
+    let gw = start(&config).await;
+    let b_url = b.url();
+    let b_addr = b.addr();
+    drop(b);
+    for _ in 0..POLLS {
+        assert_eq!(get(&gw, "/orders").await, Some(200));
+        let view = upstreams(&gw).await;
+        if endpoint(&view, "pair", &b_url).is_some_and(|e| e["state"] == "ejected") {
+            break;
+        }
+    }
+    wait_state(&gw, "pair", &b_url, "ejected").await;
+
+    // B comes back on its port and passes its next check: in service at once, not in 300 s.
+    let mut b = None;
+    for _ in 0..POLLS {
+        b = ScriptedUpstream::start_at(b_addr, vec![]).await;
+        if b.is_some() {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let b = b.expect("rebind B's port");
+    wait_state(&gw, "pair", &b_url, "healthy").await;
+    assert!(
+        b.hits().iter().any(|h| h.uri.path() == "/healthz"),
+        "the check reached B"
+    );
+    for _ in 0..20 {
+        assert_eq!(get(&gw, "/orders").await, Some(200));
+    }
+    assert!(
+        proxied(&b) >= 5,
+        "B gets traffic again: {} of 20\n{}",
+        proxied(&b),
+        gw.logs()
+    );
+}

@@ -49,12 +49,12 @@ impl StateBackend {
                 check_url(t)?;
                 Ok(Self::Redis(t.to_owned()))
             }
-            t if t.starts_with(TLS_CLUSTER_SCHEME) => Err(format!(
-                "= {:?}: TLS to a Redis Cluster is not supported by this build; use \
-                 \"redis-cluster://…\" on a trusted network",
-                redact_url(t)
-            )),
-            t if t.starts_with(CLUSTER_SCHEME) => parse_cluster(t).map(Self::RedisCluster),
+            t if t.starts_with(TLS_CLUSTER_SCHEME) => {
+                parse_cluster(t, TLS_CLUSTER_SCHEME, "rediss").map(Self::RedisCluster)
+            }
+            t if t.starts_with(CLUSTER_SCHEME) => {
+                parse_cluster(t, CLUSTER_SCHEME, "redis").map(Self::RedisCluster)
+            }
             _ => Err(format!(
                 "= {:?}: allowed \"memory\", \"redis://host:port\" or \
                  \"redis-cluster://host:port,host:port,…\"",
@@ -158,10 +158,12 @@ const CLUSTER_SCHEME: &str = "redis-cluster://";
 const TLS_CLUSTER_SCHEME: &str = "rediss-cluster://";
 
 /// `redis-cluster://[user[:password]@]host:port[,host:port…]` → one `redis://` URL per seed
-/// node, each with the credentials (the redis crate uses the first node's for all).
-fn parse_cluster(text: &str) -> Result<Vec<String>, String> {
+/// node, each with the credentials (the redis crate uses the first node's for all);
+/// `rediss-cluster://…` → `rediss://` URLs (TLS to every node, verified against the system's
+/// roots or `SSL_CERT_FILE`).
+fn parse_cluster(text: &str, prefix: &str, scheme: &str) -> Result<Vec<String>, String> {
     let shown = redact_url(text);
-    let rest = text.get(CLUSTER_SCHEME.len()..).unwrap_or_default();
+    let rest = text.get(prefix.len()..).unwrap_or_default();
     let (auth, hosts) = match rest.rsplit_once('@') {
         Some((auth, hosts)) => (Some(auth), hosts),
         None => (None, rest),
@@ -176,8 +178,8 @@ fn parse_cluster(text: &str) -> Result<Vec<String>, String> {
     let mut nodes = Vec::new();
     for host in hosts.split(',') {
         let node = match auth {
-            Some(auth) => format!("redis://{auth}@{host}"),
-            None => format!("redis://{host}"),
+            Some(auth) => format!("{scheme}://{auth}@{host}"),
+            None => format!("{scheme}://{host}"),
         };
         match url::Url::parse(&node) {
             Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => nodes.push(node),
@@ -194,11 +196,16 @@ fn parse_cluster(text: &str) -> Result<Vec<String>, String> {
 
 /// `redis-cluster://[user:***@]host:port,…` for logs: the password never shown.
 fn cluster_display(nodes: &[String]) -> String {
-    let mut out = String::from(CLUSTER_SCHEME);
     let urls: Vec<url::Url> = nodes
         .iter()
         .filter_map(|n| url::Url::parse(n).ok())
         .collect();
+    let tls = urls.first().is_some_and(|u| u.scheme() == "rediss");
+    let mut out = String::from(if tls {
+        TLS_CLUSTER_SCHEME
+    } else {
+        CLUSTER_SCHEME
+    });
     if let Some(first) = urls.first() {
         if !first.username().is_empty() || first.password().is_some() {
             out.push_str(first.username());
@@ -312,8 +319,17 @@ mod tests {
             assert!(StateBackend::parse(bad).is_err(), "{bad}");
             assert!(IdempotencyBackend::parse(bad).is_err(), "{bad}");
         }
-        let tls = StateBackend::parse("rediss-cluster://u:hunter2@h1:1").unwrap_err();
-        assert!(tls.contains("TLS") && !tls.contains("hunter2"), "{tls}");
+        let tls = StateBackend::parse("rediss-cluster://u:hunter2@h1:1,h2:2").unwrap();
+        assert_eq!(
+            tls,
+            StateBackend::RedisCluster(vec![
+                "rediss://u:hunter2@h1:1".into(),
+                "rediss://u:hunter2@h2:2".into()
+            ])
+        );
+        let shown = format!("{tls:?}");
+        assert_eq!(shown, "rediss-cluster://u:***@h1:1,h2:2");
+        assert!(IdempotencyBackend::parse("rediss-cluster://h1:1").is_ok());
         let bad = StateBackend::parse("redis-cluster://u:hunter2@h1:1/0").unwrap_err();
         assert!(!bad.contains("hunter2"), "{bad}");
     }

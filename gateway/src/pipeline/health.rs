@@ -1,5 +1,6 @@
 //! Operations endpoints: `/healthz` (the process serves), `/readyz` (the configured stores
-//! answer, every upstream has a usable endpoint, and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
+//! accept a write — on a Redis Cluster, every slot range's master —, every upstream has a
+//! usable endpoint, and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
 //! `/healthz` and `/readyz` also answer on the proxy listener for load-balancer checks.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +28,8 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Health {
     draining: AtomicBool,
     db: Database,
-    redis: Vec<RedisClient>,
+    /// Each Redis deployment in use, with the configuration field that names it.
+    redis: Vec<(&'static str, RedisClient)>,
     upstreams: Vec<Arc<Upstream>>,
 }
 
@@ -35,7 +37,7 @@ pub struct Health {
 
 impl Health {
     /// Health over the database and any Redis servers or clusters in use.
-    pub fn new(db: Database, redis: Vec<RedisClient>) -> Self {
+    pub fn new(db: Database, redis: Vec<(&'static str, RedisClient)>) -> Self {
         Self {
             draining: AtomicBool::new(false),
             db,
@@ -79,13 +81,22 @@ impl Health {
             Ok(Err(err)) => return Err(format!("database: {err}")),
             Err(_) => return Err("database: timed out".into()),
         }
-        for client in &self.redis {
-            // A cluster's PING goes to every master: not ready while any slot is unserved.
-            let ping = async { client.connect().await?.ping().await };
-            match tokio::time::timeout(CHECK_TIMEOUT, ping).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => return Err(format!("redis: {err}")),
-                Err(_) => return Err("redis: timed out".into()),
+        for (field, client) in &self.redis {
+            // A write, as the stores write: a cluster's remaining masters still answer PING
+            // while the slots of a dead one refuse every keyed write.
+            let kind = if client.is_cluster() {
+                "redis cluster"
+            } else {
+                "redis"
+            };
+            let check = async {
+                let mut conn = client.connect().await.map_err(|e| e.to_string())?;
+                conn.check_writes().await.map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(CHECK_TIMEOUT, check).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(format!("{field} ({kind}): {err}")),
+                Err(_) => return Err(format!("{field} ({kind}): timed out")),
             }
         }
         Ok(())

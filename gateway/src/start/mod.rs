@@ -164,19 +164,27 @@ enum Listener {
 
 /// The Redis deployments readiness depends on (state and idempotency, each once). Does no
 /// I/O: `/readyz` connects and pings, and on a cluster every master must answer.
-fn redis_health_clients(config: &Config) -> Result<Vec<RedisClient>, redis::RedisError> {
+fn redis_health_clients(
+    config: &Config,
+) -> Result<Vec<(&'static str, RedisClient)>, redis::RedisError> {
     let options = ConnectOptions::default();
     let mut clients = Vec::new();
+    const STATE: &str = "storage.state";
+    const IDEMPOTENCY: &str = "storage.idempotency";
     match &config.storage.state {
         StateBackend::Memory => {}
-        StateBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
-        StateBackend::RedisCluster(nodes) => clients.push(RedisClient::cluster(nodes, &options)?),
+        StateBackend::Redis(url) => clients.push((STATE, RedisClient::single(url, &options)?)),
+        StateBackend::RedisCluster(nodes) => {
+            clients.push((STATE, RedisClient::cluster(nodes, &options)?))
+        }
     }
     if IdempotencyBackend::from(&config.storage.state) != config.storage.idempotency {
         match &config.storage.idempotency {
-            IdempotencyBackend::Redis(url) => clients.push(RedisClient::single(url, &options)?),
+            IdempotencyBackend::Redis(url) => {
+                clients.push((IDEMPOTENCY, RedisClient::single(url, &options)?))
+            }
             IdempotencyBackend::RedisCluster(nodes) => {
-                clients.push(RedisClient::cluster(nodes, &options)?)
+                clients.push((IDEMPOTENCY, RedisClient::cluster(nodes, &options)?))
             }
             IdempotencyBackend::Memory | IdempotencyBackend::Postgres(_) => {}
         }

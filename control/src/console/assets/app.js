@@ -120,7 +120,7 @@ $("login").addEventListener("submit", async (event) => {
 $("logout").addEventListener("click", () => signOut());
 window.addEventListener("hashchange", show);
 
-const pages = { tenants: refreshTenants, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
+const pages = { tenants: loadTenantsPage, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
 
 function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
 
@@ -153,6 +153,28 @@ function show() {
 const tenantPaging = { cursors: [null], index: 0, next: null };
 let selected = null;
 
+// Tenant id → 429s in the last 10 minutes (the top-throttled view's window and scope).
+let throttling = new Map();
+
+/** Refreshes `throttling` and the list's Throttled column in place (the rows stay). */
+async function refreshThrottling() {
+  const top = await api("GET", "/usage/throttled?limit=100");
+  throttling = new Map(top.items.map((t) => [t.tenant, t.rejected]));
+  for (const cell of document.querySelectorAll("#tenant-table td[data-throttled]")) {
+    const count = throttling.get(cell.dataset.throttled) ?? 0;
+    cell.textContent = String(count);
+    cell.className = count ? "throttled" : "";
+  }
+}
+
+/** The tenants page: the list, then its Throttled column kept current. */
+async function loadTenantsPage() {
+  const since = visit;
+  await refreshThrottling().catch(() => {});
+  await refreshTenants();
+  startPolling(since, () => refreshThrottling().catch(() => stopPolling()), POLL_MS);
+}
+
 async function loadTenants() {
   const page = await api("GET", `/tenants${q({ q: $("tenant-search").value.trim(), limit: 20, cursor: tenantPaging.cursors[tenantPaging.index] })}`);
   tenantPaging.next = page.next_cursor;
@@ -162,10 +184,11 @@ async function loadTenants() {
       el("td", null, {}, el("a", t.id, { href: "#tenants", "data-open": t.id })),
       el("td", t.name), el("td", `${t.rate}/${t.per}`), el("td", t.burst),
       el("td", t.daily_quota ?? "–"), el("td", t.monthly_quota ?? "–"),
+      el("td", throttling.get(t.id) ?? 0, { "data-throttled": t.id, class: throttling.get(t.id) ? "throttled" : "" }),
       el("td", null, {}, el("span", t.disabled ? "disabled" : "enabled", { class: `badge ${t.disabled ? "off" : "on"}` })));
     return row;
   }));
-  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "7", class: "empty" })));
+  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "8", class: "empty" })));
   $("tenant-prev").disabled = tenantPaging.index === 0;
   $("tenant-next").disabled = !tenantPaging.next;
 }
@@ -349,17 +372,29 @@ function svg(tag, attrs = {}) {
   return node;
 }
 
-function level(fraction) {
-  const meter = el("meter", null, { min: "0", max: "1", low: "0.5", high: "0.85", optimum: "0", value: String(Math.max(0, Math.min(1, fraction))) });
-  return meter;
+/**
+ * A meter of `fraction` (0..1). `good` says which end is good: "high" for tokens left (a
+ * full bucket is green, an empty one red), "low" for quota used (little used is green).
+ */
+function level(fraction, good) {
+  const value = String(Math.max(0, Math.min(1, fraction)));
+  const regions = good === "high"
+    ? { low: "0.15", high: "0.5", optimum: "1" }
+    : { low: "0.5", high: "0.85", optimum: "0" };
+  return el("meter", null, { min: "0", max: "1", ...regions, value, "data-good": good });
 }
 
-/** A bar chart of the history's points: bars, a y scale, and time labels; no library. */
+/**
+ * A bar chart of the history's points: bars, a y scale, and time labels; no library. The
+ * scale is logarithmic (log(1 + n)), so one spike does not flatten the bars after it; the
+ * peak bar carries its count.
+ */
 function drawChart(history) {
   const box = $("chart");
   const points = history.points;
-  const width = 600, height = 200, left = 40, bottom = 22, top = 8;
+  const width = 600, height = 200, left = 40, bottom = 22, top = 14;
   const max = Math.max(1, ...points.map((p) => p.rejected));
+  const scale = (n) => Math.log1p(n) / Math.log1p(max);
   const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "429s per 10 seconds" });
   const plotW = width - left - 8, plotH = height - bottom - top;
   const barW = plotW / points.length;
@@ -367,16 +402,22 @@ function drawChart(history) {
     const y = top + plotH * (1 - fraction);
     chart.append(svg("line", { x1: left, x2: width - 8, y1: y, y2: y, class: "grid" }));
     const label = svg("text", { x: left - 6, y: y + 4, class: "axis", "text-anchor": "end" });
-    label.textContent = String(Math.round(max * fraction));
+    label.textContent = String(Math.round(Math.expm1(Math.log1p(max) * fraction)));
     chart.append(label);
   }
+  const peak = points.reduce((best, p, i) => (p.rejected > (points[best]?.rejected ?? 0) ? i : best), -1);
   points.forEach((p, i) => {
-    const h = (p.rejected / max) * plotH;
+    const h = scale(p.rejected) * plotH;
     const bar = svg("rect", { x: left + i * barW + 1, y: top + plotH - h, width: Math.max(1, barW - 2), height: h, class: "bar", "data-count": p.rejected });
     const title = svg("title");
     title.textContent = `${new Date(p.start * 1000).toLocaleTimeString()}: ${p.rejected}`;
     bar.append(title);
     chart.append(bar);
+    if (i === peak) {
+      const label = svg("text", { x: left + i * barW + barW / 2, y: top + plotH - h - 3, class: "axis peak", "text-anchor": "middle" });
+      label.textContent = String(p.rejected);
+      chart.append(label);
+    }
   });
   for (const [i, text] of [[0, "-10 min"], [points.length / 2, "-5 min"], [points.length - 1, "now"]]) {
     const label = svg("text", { x: left + i * barW + barW / 2, y: height - 6, class: "axis", "text-anchor": "middle" });
@@ -390,6 +431,7 @@ function drawChart(history) {
   box.dataset.latest = String(latest);
   box.dataset.window = String(windowTotal);
   box.dataset.total = String(history.rejected_total);
+  box.dataset.scale = "log";
   $("rejected-total").textContent = String(history.rejected_total);
 }
 
@@ -408,10 +450,10 @@ async function refreshUsage() {
   ]);
   $("bucket-table").tBodies[0].replaceChildren(...usage.buckets.map((b) => el("tr", null, {},
     el("td", b.policy), el("td", b.route ?? "all"), el("td", `${b.remaining} / ${b.limit}`),
-    el("td", null, {}, level(b.limit ? b.remaining / b.limit : 0)), el("td", secs(b.reset_after_secs)))));
+    el("td", null, {}, level(b.limit ? b.remaining / b.limit : 0, "high")), el("td", secs(b.reset_after_secs)))));
   $("period-table").tBodies[0].replaceChildren(...usage.periods.map((p) => el("tr", null, {},
     el("td", p.period), el("td", p.used), el("td", p.limit),
-    el("td", null, {}, level(p.limit ? p.used / p.limit : 1)), el("td", secs(p.resets_in_secs)))));
+    el("td", null, {}, level(p.limit ? p.used / p.limit : 1, "low")), el("td", secs(p.resets_in_secs)))));
   if (!usage.periods.length) $("period-table").tBodies[0].append(el("tr", null, {}, el("td", "No daily or monthly quota.", { colspan: "5", class: "empty" })));
   drawChart(history);
 }

@@ -228,6 +228,19 @@ impl EndpointState {
         Some(end)
     }
 
+    /// Ends a current ejection at `now`: an active health check passed, so the endpoint is
+    /// back in service at once (Envoy's `successful_active_health_check_uneject_host`,
+    /// on by default). The multiplier stays: an endpoint that fails again is ejected for
+    /// longer. Returns whether an ejection was lifted.
+    pub(crate) fn uneject(&self, now: Nanos) -> bool {
+        let until = self.ejected_until.load(Ordering::Relaxed);
+        until > now
+            && self
+                .ejected_until
+                .compare_exchange(until, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
     /// Folds one active check result in; returns the new verdict when it changed
     /// (`Some(true)`: now healthy).
     pub(crate) fn record_check(&self, passed: bool, healthy: u32, unhealthy: u32) -> Option<bool> {

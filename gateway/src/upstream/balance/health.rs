@@ -5,7 +5,9 @@
 //! connect error or the timeout is a failure. `unhealthy` failures in a row take an
 //! endpoint out of balancing, `healthy` passes in a row bring it back (hysteresis as in
 //! Envoy and nginx plus). New endpoints start healthy: a gateway that starts (or a name
-//! that resolves) does not refuse traffic until a first round has passed.
+//! that resolves) does not refuse traffic until a first round has passed. A pass on an
+//! endpoint the checks hold healthy also ends its outlier ejection at once (Envoy's
+//! default): a restarted endpoint is back within one `interval`, not after its ejection.
 
 use std::sync::Arc;
 
@@ -60,6 +62,17 @@ pub(crate) async fn run<U: Probe>(upstream: Arc<U>, mut stop: watch::Receiver<bo
                         endpoint = %endpoint.address.url(),
                         healthy,
                         "active health check changed the endpoint's state"
+                    );
+                }
+                // A pass while healthy by the checks lifts a passive ejection at once.
+                if passed
+                    && !endpoint.state.active_down()
+                    && endpoint.state.uneject(upstream.balancer().clock().now())
+                {
+                    tracing::warn!(
+                        upstream = upstream.balancer().name(),
+                        endpoint = %endpoint.address.url(),
+                        "active health check passed: outlier ejection lifted"
                     );
                 }
             }
