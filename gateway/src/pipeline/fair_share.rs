@@ -1,7 +1,7 @@
 //! Fair shares of `server.load_shed_limit`: no single caller can hold the last slots.
 //!
 //! A caller is a tenant, else an anonymous client address (an IPv6 client by its /64:
-//! [`tenant::caller_key`](crate::pipeline::tenant::caller_key)). Two rules, checked by the
+//! [`caller_key`](crate::plumbing::context::caller_key)). Two rules, checked by the
 //! load shedder before the server-wide cap:
 //!
 //! 1. **Cap**: one caller holds at most `⌊load_shed_limit × server.caller_share⌋` requests at
