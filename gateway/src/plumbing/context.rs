@@ -79,13 +79,8 @@ pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
 /// every tenant; counted together, anonymous traffic is one caller and an outage must be seen
 /// by several tenants. Read from the request context by the retry layer.
 pub fn breaker_key(caller: &Caller) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    match caller {
-        Caller::Tenant(tenant) => ("tenant", &tenant.id).hash(&mut hasher),
-        Caller::Anonymous => "anonymous".hash(&mut hasher),
-    }
-    hasher.finish()
+    // The same key as `caller_key` for a tenant; one address stands for every anonymous one.
+    caller_key(caller, IpAddr::from([0, 0, 0, 0]))
 }
 
 #[cfg(test)]
