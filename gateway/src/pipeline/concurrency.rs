@@ -38,8 +38,8 @@ use portcullis_ratelimit::headers::{policy_field, ratelimit_field, RATELIMIT, RA
 use crate::config::RouteSettings;
 use crate::pipeline::in_flight::{CountPermit, KeyedCounts, KeyedPermit};
 use crate::pipeline::shed::SHED_RETRY_AFTER;
+use crate::plumbing::context::Caller;
 use crate::plumbing::context::RequestContext;
-use crate::plumbing::context::{self, Caller};
 use crate::plumbing::held::{hold_until_body_ends, Held};
 use crate::plumbing::step::{Finish, Step};
 
@@ -103,8 +103,7 @@ impl Step for Concurrency {
             .get(context.route.index)
             .and_then(Option::as_ref)
         {
-            // Hashed only on routes that have a limit.
-            let key = context::caller_key(&context.caller, context.client.ip);
+            let key = context.caller_key();
             match table.try_acquire(key) {
                 Some(permit) => permits.route = Some(permit),
                 // The tenant's slot, if taken, goes back as `permits` drops.

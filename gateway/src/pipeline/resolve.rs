@@ -162,11 +162,7 @@ impl Step for Resolve {
                 return Err(answer.finish(refusal));
             }
         };
-        let context = Arc::new(RequestContext {
-            route,
-            caller,
-            client,
-        });
+        let context = Arc::new(RequestContext::new(route, caller, client));
         if let Some(exchange) = exchange {
             exchange.resolved(Resolution {
                 metrics: context.route.metrics.clone(),
@@ -221,11 +217,7 @@ pub(crate) mod tests {
             peer: ip,
             peer_trusted: false,
         };
-        Arc::new(RequestContext {
-            route,
-            caller,
-            client,
-        })
+        Arc::new(RequestContext::new(route, caller, client))
     }
 
     /// An anonymous caller's context on a route of `priority`.

@@ -32,8 +32,8 @@ use crate::config::Priority;
 use crate::pipeline::concurrency::{self, Scope};
 use crate::pipeline::fair_share::FairShare;
 use crate::pipeline::in_flight::{CountPermit, KeyedPermit};
+use crate::plumbing::context::Caller;
 use crate::plumbing::context::RequestContext;
-use crate::plumbing::context::{self, Caller};
 use crate::plumbing::held::{hold_until_body_ends, Held};
 use crate::plumbing::step::{Finish, Step};
 use portcullis_problem::Problem;
@@ -112,7 +112,7 @@ impl Step for LoadShed {
         // is full too; its slot goes back (dropped) if the server then refuses.
         let caller = match (&self.fair, context) {
             (Some(fair), Some(context)) => {
-                let key = context::caller_key(&context.caller, context.client.ip);
+                let key = context.caller_key();
                 match fair.try_acquire(key, &self.in_flight) {
                     Ok(permit) => Some(permit),
                     Err(limit) => {

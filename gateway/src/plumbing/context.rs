@@ -25,11 +25,30 @@ pub struct RequestContext {
     pub caller: Caller,
     /// The client address the gateway believes, and whether the peer is a trusted proxy.
     pub client: Client,
+    /// [`caller_key`] of `caller` and `client`, hashed once for every layer that counts
+    /// per caller.
+    caller_key: u64,
 }
 
 // === impl RequestContext ===
 
 impl RequestContext {
+    /// The context of a request on `route` by `caller` from `client`.
+    pub(crate) fn new(route: Arc<Route>, caller: Caller, client: Client) -> Self {
+        let caller_key = caller_key(&caller, client.ip);
+        Self {
+            route,
+            caller,
+            client,
+            caller_key,
+        }
+    }
+
+    /// The caller's key for per-caller counts (see [`caller_key`]).
+    pub(crate) fn caller_key(&self) -> u64 {
+        self.caller_key
+    }
+
     /// The context of a request, once the `Resolve` step has run.
     pub fn of(extensions: &Extensions) -> Option<&Self> {
         extensions.get::<Arc<Self>>().map(Arc::as_ref)
@@ -40,11 +59,19 @@ impl RequestContext {
         Self::of(extensions).map(|context| &context.route.retry)
     }
 
-    /// The breaker's caller key (`RetryLayer::new`, see [`breaker_key`]): hashed only
-    /// for requests that reach the breaker. One shared key without a context (never in the
-    /// gateway's stack).
+    /// The breaker's caller key (`RetryLayer::new`): the tenant's [`caller_key`], and one
+    /// key, [`ANONYMOUS_BREAKER_KEY`], for every anonymous caller together — and for a
+    /// request without a context (never in the gateway's stack). Client addresses are
+    /// cheap (an IPv4 address each, an IPv6 /64 by the billion), so counting each as a
+    /// caller, as [`caller_key`] does for concurrency, would let one attacker pose as the
+    /// `min_callers` distinct callers that open a breaker for every tenant; counted
+    /// together, anonymous traffic is one caller and an outage must be seen by several
+    /// tenants.
     pub(crate) fn breaker_key(extensions: &Extensions) -> u64 {
-        Self::of(extensions).map_or(0, |context| breaker_key(&context.caller))
+        match Self::of(extensions) {
+            Some(context) if matches!(context.caller, Caller::Tenant(_)) => context.caller_key,
+            _ => ANONYMOUS_BREAKER_KEY,
+        }
     }
 }
 
@@ -57,11 +84,12 @@ pub enum Caller {
     Anonymous,
 }
 
-/// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, else the client
-/// address. An IPv6 client counts by its /64, the block one subscriber usually holds, so one
-/// host cannot pose as many callers by rotating addresses; an IPv4-mapped address counts as
-/// the IPv4 address. Read from the request context by the retry layer.
-pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
+/// The caller's key for per-caller counts (the caller share of load shedding, a route's
+/// `concurrency_per_caller`, the breaker's tenants): the tenant, else the client address.
+/// An IPv6 client counts by its /64, the block one subscriber usually holds, so one host
+/// cannot pose as many callers by rotating addresses; an IPv4-mapped address counts as the
+/// IPv4 address. Hashed once per request, in [`RequestContext::new`].
+pub(crate) fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     match (caller, client_ip.to_canonical()) {
@@ -72,16 +100,9 @@ pub fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
     hasher.finish()
 }
 
-/// The circuit breaker's caller key (see `RetryLayer::new`): the tenant, and one key for all
-/// anonymous callers together. Client addresses are cheap (an IPv4 address each, an IPv6 /64
-/// by the billion), so counting each as a caller, as [`caller_key`] does for concurrency,
-/// would let one attacker pose as the `min_callers` distinct callers that open a breaker for
-/// every tenant; counted together, anonymous traffic is one caller and an outage must be seen
-/// by several tenants. Read from the request context by the retry layer.
-pub fn breaker_key(caller: &Caller) -> u64 {
-    // The same key as `caller_key` for a tenant; one address stands for every anonymous one.
-    caller_key(caller, IpAddr::from([0, 0, 0, 0]))
-}
+/// The breaker's key for all anonymous callers (see [`RequestContext::breaker_key`]); a
+/// tenant's hashed key equals it with a chance of 2^-64.
+pub(crate) const ANONYMOUS_BREAKER_KEY: u64 = 0;
 
 #[cfg(test)]
 mod tests {
