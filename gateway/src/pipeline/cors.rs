@@ -86,11 +86,11 @@ pub(crate) struct CorsAnswer(Option<(Arc<CorsSettings>, HeaderValue)>);
 impl CorsAnswer {
     /// For a request to a route with `cors` (`None` otherwise).
     pub(crate) fn of<B>(request: &Request<B>, cors: Option<&Arc<CorsSettings>>) -> Self {
-        let origin = request.headers().get(ORIGIN);
-        Self(
-            cors.zip(origin)
-                .map(|(cors, origin)| (cors.clone(), origin.clone())),
-        )
+        // Looked up only on routes with `cors`.
+        Self(cors.and_then(|cors| {
+            let origin = request.headers().get(ORIGIN)?;
+            Some((cors.clone(), origin.clone()))
+        }))
     }
 }
 

@@ -100,6 +100,8 @@ where
     let failures =
         AuthFailures::new(config.auth.failure_limit, config.auth.failure_window).map(Arc::new);
     let telemetry = Arc::new(Telemetry::new(config, trusted.clone()));
+    // No route allows WebSockets: no handshake to count, no step.
+    let websockets = config.routes.iter().any(|r| r.websocket.is_some());
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(StepLayer::new(GrpcAnswers)) // the gateway's problems to a gRPC call answered as grpc-status (Trailers-Only)
@@ -135,7 +137,7 @@ where
             .with_caller_share(config.server.load_shed_limit, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
-        .layer(StepLayer::new(WebSocketCaps::new(config))) // WebSocket handshakes on a route with websocket = true: route and tenant max_websockets → 429 at once; the slots ride to the tunnel
+        .option_layer(websockets.then(|| StepLayer::new(WebSocketCaps::new(config)))) // WebSocket handshakes on a route with websocket = true: route and tenant max_websockets → 429 at once; the slots ride to the tunnel
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),
