@@ -7,6 +7,9 @@
 //! passed to the client and both connections are handed to a [`tunnel`] task; any other
 //! answer is an ordinary response, and the client connection stays HTTP/1.
 //!
+//! The limits of one tunnel are its route's, made stricter by its tenant's: the lower
+//! idle timeout and the lower maximum lifetime of the two apply.
+//!
 //! Metrics: `websockets_open{route,tenant}`, `websocket_bytes_total{route,tenant,direction}`
 //! (`to_upstream`, `to_client`), `websockets_closed_total{route,reason}` (`peer`, `idle`,
 //! `lifetime`, `drain`). The `tenant` label follows `telemetry.tenant_labels` like every
@@ -17,6 +20,7 @@ mod frames;
 pub(crate) mod tunnel;
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use axum::body::Body;
 use http::header::{self, HeaderValue};
@@ -69,8 +73,13 @@ impl WebSockets {
         request: &Request<Body>,
         context: &RequestContext,
     ) -> Option<Handshake> {
-        let settings = context.route.settings.websocket?;
+        let mut settings = context.route.settings.websocket?;
         let handshake = request.extensions().get::<WebSocketHandshake>()?.clone();
+        if let Caller::Tenant(t) = &context.caller {
+            settings.idle_timeout = stricter(Some(settings.idle_timeout), t.websocket_idle_timeout)
+                .unwrap_or(settings.idle_timeout);
+            settings.max_lifetime = stricter(settings.max_lifetime, t.websocket_max_lifetime);
+        }
         let tenant = match &context.caller {
             Caller::Tenant(t) if self.labelled.contains(&*t.id) => t.id.to_string(),
             Caller::Tenant(_) => crate::telemetry::series::OTHER.to_owned(),
@@ -83,6 +92,14 @@ impl WebSockets {
             route: SharedString::from(context.route.metrics.label().to_owned()),
             tenant: SharedString::from(tenant),
         })
+    }
+}
+
+/// The lower of two optional bounds (`None`: no bound).
+fn stricter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
