@@ -15,6 +15,8 @@ use serde_json::Value;
 
 use crate::common::BIN;
 
+// RFC 8441: WebSockets over HTTP/2 with a hand-written h2 client.
+mod h2;
 // Tenants of the admin API with their own WebSocket cap and idle timeout.
 mod tenants;
 
