@@ -219,6 +219,46 @@ mod tests {
         assert!(!is_handshake(&handshake(&h2c)));
     }
 
+    fn extended_connect(protocol: Option<&'static str>, version: bool) -> Request<()> {
+        let mut request = Request::builder()
+            .method(Method::CONNECT)
+            .version(Version::HTTP_2)
+            .uri("https://example.com/chat")
+            .body(())
+            .unwrap();
+        if version {
+            request
+                .headers_mut()
+                .insert(header::SEC_WEBSOCKET_VERSION, "13".parse().unwrap());
+        }
+        if let Some(protocol) = protocol {
+            request
+                .extensions_mut()
+                .insert(Protocol::from_static(protocol));
+        }
+        request
+    }
+
+    #[test]
+    fn only_websocket_with_a_version_is_an_http2_handshake() {
+        assert!(is_extended_connect(&extended_connect(
+            Some("websocket"),
+            true
+        )));
+        assert!(is_extended_connect(&extended_connect(
+            Some("WebSocket"),
+            true
+        )));
+        for (protocol, version) in [
+            (Some("connect-udp"), true),
+            (Some("websocket"), false),
+            (None, true),
+        ] {
+            let request = extended_connect(protocol, version);
+            assert!(!is_extended_connect(&request), "{protocol:?} {version}");
+        }
+    }
+
     #[test]
     fn a_request_hyper_offered_no_switch_is_not_marked() {
         let mut request = Request::get("/").body(()).unwrap();

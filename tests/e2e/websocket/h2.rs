@@ -435,3 +435,70 @@ async fn a_drain_closes_http2_tunnels_with_1001_within_the_grace() {
     assert!(status.success(), "{status:?}");
     assert_eq!(echo.closed(1).await[0]["code"], 1001);
 }
+
+/// A raw HTTP/1.1 upstream that answers each handshake as its path says — a 101 with a
+/// wrong `Sec-WebSocket-Accept`, or a 200 that does not switch — and sends the request
+/// heads it read on `heads`. Serves `connections` connections, then stops.
+async fn lying_upstream(connections: usize) -> (SocketAddr, tokio::sync::mpsc::Receiver<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, heads) = tokio::sync::mpsc::channel(connections);
+    tokio::spawn(async move {
+        for _ in 0..connections {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                match tokio::time::timeout(WAIT, stream.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let answer: &[u8] = if head.starts_with("GET /ws/bad-accept ") {
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            };
+            let _ = stream.write_all(answer).await;
+            let _ = tx.send(head).await;
+        }
+    });
+    (addr, heads)
+}
+
+#[tokio::test]
+async fn an_upstream_that_does_not_switch_properly_opens_no_http2_tunnel() {
+    let (upstream, mut heads) = lying_upstream(2).await;
+    let text = format!(
+        "[server]\nlisten = \"{{listen}}\"\nadmin_listen = \"{{admin_listen}}\"\n\n\
+         [[upstreams]]\nname = \"liar\"\nendpoints = [\"http://{upstream}\"]\nretry = {{ max_retries = 0 }}\n\n\
+         [[routes]]\nprefix = \"/ws\"\nupstream = \"liar\"\nwebsocket = true\n"
+    );
+    let gateway = GatewayProcess::start(BIN, &text).await;
+    let mut client = connect(&gateway).await;
+    for path in ["/ws/bad-accept", "/ws/no-switch"] {
+        let request = connect_request(
+            &gateway,
+            path,
+            Some("websocket"),
+            &[("sec-websocket-version", "13")],
+        );
+        let (status, _send, _body) = open(&mut client, request).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}");
+        let head = tokio::time::timeout(WAIT, heads.recv())
+            .await
+            .unwrap()
+            .unwrap()
+            .to_ascii_lowercase();
+        assert!(
+            head.starts_with(&format!("get {path} http/1.1\r\n")),
+            "{head}"
+        );
+        assert!(head.contains("\r\nupgrade: websocket\r\n"), "{head}");
+        assert!(head.contains("\r\nsec-websocket-key: "), "{head}");
+    }
+}

@@ -265,3 +265,27 @@ pub(crate) fn refuse(over: Over) -> Response<Body> {
     .retry_after(std::time::Duration::from_secs(1))
     .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_value_is_rfc_6455s() {
+        // RFC 6455 §1.3's example.
+        assert_eq!(
+            accept_for(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
+
+    #[test]
+    fn the_stricter_bound_wins_and_none_is_no_bound() {
+        let (s, m) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(stricter(Some(m), Some(s)), Some(s));
+        assert_eq!(stricter(Some(s), Some(m)), Some(s));
+        assert_eq!(stricter(None, Some(m)), Some(m));
+        assert_eq!(stricter(Some(m), None), Some(m));
+        assert_eq!(stricter(None, None), None);
+    }
+}
