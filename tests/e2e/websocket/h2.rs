@@ -224,6 +224,21 @@ async fn messages_cross_an_http2_websocket_to_an_http1_upstream() {
     assert_eq!(header(request, "sec-websocket-protocol"), Some("chat"));
     let key = header(request, "sec-websocket-key").expect("the gateway's own key");
     assert_eq!(key.len(), 24, "16 random bytes in base64: {key}");
+    let metrics = crate::common::client()
+        .get(gateway.admin_url() + "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "websocket_bytes_total{route=\"/ws\",tenant=\"anonymous\",direction=\"to_upstream\"}",
+        "websocket_bytes_total{route=\"/ws\",tenant=\"anonymous\",direction=\"to_client\"}",
+        "websockets_open{route=\"/ws\",tenant=\"anonymous\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 }
 
 #[tokio::test]
