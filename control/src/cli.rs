@@ -86,6 +86,15 @@ pub enum TenantCommand {
         /// Requests in flight at once (per replica); over it → 429.
         #[arg(long)]
         max_in_flight: Option<u64>,
+        /// Open WebSocket tunnels at once (per replica); a handshake over it → 429.
+        #[arg(long)]
+        max_websockets: Option<u64>,
+        /// WebSocket idle timeout, e.g. 5m (the stricter of the route's and this applies).
+        #[arg(long)]
+        websocket_idle_timeout: Option<String>,
+        /// WebSocket maximum lifetime, e.g. 24h (the stricter of the route's and this applies).
+        #[arg(long)]
+        websocket_max_lifetime: Option<String>,
     },
     /// List all tenants.
     List,
@@ -141,6 +150,15 @@ pub enum QuotaCommand {
         /// Requests in flight at once (per replica), or "none".
         #[arg(long)]
         max_in_flight: Option<String>,
+        /// Open WebSocket tunnels at once (per replica), or "none".
+        #[arg(long)]
+        max_websockets: Option<String>,
+        /// WebSocket idle timeout (e.g. 5m), or "none".
+        #[arg(long)]
+        websocket_idle_timeout: Option<String>,
+        /// WebSocket maximum lifetime (e.g. 24h), or "none".
+        #[arg(long)]
+        websocket_max_lifetime: Option<String>,
     },
 }
 

@@ -96,6 +96,12 @@ pub struct TenantSeed<'a> {
     pub monthly_quota: Option<u64>,
     /// Requests of this tenant in flight at once (per replica); `None` = unlimited.
     pub max_in_flight: Option<u64>,
+    /// Open WebSocket tunnels of this tenant (per replica); `None` = no cap of its own.
+    pub max_websockets: Option<u32>,
+    /// The tenant's WebSocket idle timeout; `None` = the route's alone.
+    pub websocket_idle_timeout: Option<Duration>,
+    /// The tenant's WebSocket maximum lifetime; `None` = the route's alone.
+    pub websocket_max_lifetime: Option<Duration>,
 }
 
 /// A `tenants` row as the directory reads it.
@@ -110,6 +116,9 @@ pub(crate) struct TenantRow {
     pub(crate) daily_quota: Option<i64>,
     pub(crate) monthly_quota: Option<i64>,
     pub(crate) max_in_flight: Option<i64>,
+    pub(crate) max_websockets: Option<i64>,
+    pub(crate) websocket_idle_timeout_ms: Option<i64>,
+    pub(crate) websocket_max_lifetime_ms: Option<i64>,
 }
 
 /// A `route_quotas` row: a tenant's own limit on one route.
@@ -215,6 +224,9 @@ impl Database {
                         .bind(t.daily_quota.map(to_i64))
                         .bind(t.monthly_quota.map(to_i64))
                         .bind(t.max_in_flight.map(to_i64))
+                        .bind(t.max_websockets.map(i64::from))
+                        .bind(t.websocket_idle_timeout.map(duration_ms))
+                        .bind(t.websocket_max_lifetime.map(duration_ms))
                         .execute(&mut *tx)
                         .await?;
                     for key in &t.api_keys {
@@ -306,18 +318,24 @@ struct UpsertSql {
 }
 
 const SQLITE_UPSERT: UpsertSql = UpsertSql {
-    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight, \
+         max_websockets, websocket_idle_timeout_ms, websocket_max_lifetime_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
          ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
          daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, max_in_flight = excluded.max_in_flight, \
+         max_websockets = excluded.max_websockets, websocket_idle_timeout_ms = excluded.websocket_idle_timeout_ms, \
+         websocket_max_lifetime_ms = excluded.websocket_max_lifetime_ms, \
          updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
     key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = ?1",
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES (?1, ?2, ?3)",
 };
 
 const POSTGRES_UPSERT: UpsertSql = UpsertSql {
-    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+    tenant: "INSERT INTO tenants (id, rate, per_ms, burst, daily_quota, monthly_quota, max_in_flight, \
+         max_websockets, websocket_idle_timeout_ms, websocket_max_lifetime_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
          ON CONFLICT (id) DO UPDATE SET rate = excluded.rate, per_ms = excluded.per_ms, burst = excluded.burst, \
          daily_quota = excluded.daily_quota, monthly_quota = excluded.monthly_quota, max_in_flight = excluded.max_in_flight, \
+         max_websockets = excluded.max_websockets, websocket_idle_timeout_ms = excluded.websocket_idle_timeout_ms, \
+         websocket_max_lifetime_ms = excluded.websocket_max_lifetime_ms, \
          updated_at = now()",
     key_owner: "SELECT tenant_id FROM api_keys WHERE key_hash = $1",
     insert_key: "INSERT INTO api_keys (tenant_id, key_hash, prefix) VALUES ($1, $2, $3)",
@@ -326,7 +344,9 @@ const POSTGRES_UPSERT: UpsertSql = UpsertSql {
 const TENANTS_SQL: &str = "SELECT id, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT) AS disabled, \
      CAST(rate AS BIGINT) AS rate, CAST(per_ms AS BIGINT) AS per_ms, CAST(burst AS BIGINT) AS burst, \
      CAST(daily_quota AS BIGINT) AS daily_quota, CAST(monthly_quota AS BIGINT) AS monthly_quota, \
-     CAST(max_in_flight AS BIGINT) AS max_in_flight FROM tenants";
+     CAST(max_in_flight AS BIGINT) AS max_in_flight, CAST(max_websockets AS BIGINT) AS max_websockets, \
+     CAST(websocket_idle_timeout_ms AS BIGINT) AS websocket_idle_timeout_ms, \
+     CAST(websocket_max_lifetime_ms AS BIGINT) AS websocket_max_lifetime_ms FROM tenants";
 const KEYS_SQL: &str = "SELECT key_hash, tenant_id FROM api_keys WHERE revoked_at IS NULL";
 /// Every route override; the admin API adds its own `WHERE`.
 pub(crate) const ROUTE_QUOTAS_SQL: &str =

@@ -50,7 +50,8 @@ pub mod usage_history;
 
 pub use db::{Database, DbError, TenantSeed};
 pub use directory::{
-    build_policy, Directory, Snapshot, Tenant, MAX_TENANT_IN_FLIGHT, REFRESH_INTERVAL,
+    build_policy, Directory, Snapshot, Tenant, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEBSOCKETS,
+    MAX_TENANT_WEBSOCKET_DURATION, REFRESH_INTERVAL,
 };
 
 /// Environment variable holding the admin API's bearer token (read by the gateway's

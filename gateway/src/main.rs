@@ -44,7 +44,8 @@ enum Command {
     },
     /// Administer tenants, keys and quotas through a running gateway's admin API (token from
     /// PORTCULLIS_ADMIN_TOKEN).
-    Admin(admin_cli::AdminArgs),
+    // Boxed: its many optional flags make it much larger than the other variant.
+    Admin(Box<admin_cli::AdminArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -77,7 +78,7 @@ fn report(err: &anyhow::Error) -> String {
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Admin(args)) = cli.command {
-        admin_cli::run(args)?;
+        admin_cli::run(*args)?;
         return Ok(());
     }
     if let Some(Command::CheckConfig { file }) = &cli.command {

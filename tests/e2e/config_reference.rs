@@ -77,6 +77,8 @@ monthly_quota = 1
 concurrency_limit = 1
 max_in_flight = 1
 max_websockets = 1
+websocket_idle_timeout = "1m"
+websocket_max_lifetime = "1h"
 
 [auth]
 failure_limit = 20

@@ -15,6 +15,11 @@ use serde_json::Value;
 
 use crate::common::BIN;
 
+// RFC 8441: WebSockets over HTTP/2 with a hand-written h2 client.
+mod h2;
+// Tenants of the admin API with their own WebSocket cap and idle timeout.
+mod tenants;
+
 /// Upper bound on one client run.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -112,11 +117,17 @@ upstream = "echo"
 
 /// Runs one client of `peer.py` and returns its JSON line.
 async fn client(mode: &str, url: &str, arg: &str) -> Value {
-    let run = tokio::process::Command::new("python3")
-        .arg(peer_script())
-        .args([mode, url, arg])
-        .kill_on_drop(true)
-        .output();
+    client_as(mode, url, arg, None).await
+}
+
+/// [`client`] with an API key (`X-Api-Key`).
+async fn client_as(mode: &str, url: &str, arg: &str, api_key: Option<&str>) -> Value {
+    let mut command = tokio::process::Command::new("python3");
+    command.arg(peer_script()).args([mode, url, arg]);
+    if let Some(key) = api_key {
+        command.env("PEER_API_KEY", key);
+    }
+    let run = command.kill_on_drop(true).output();
     let output = tokio::time::timeout(CLIENT_TIMEOUT, run)
         .await
         .expect("client finished in time")

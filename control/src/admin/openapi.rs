@@ -158,7 +158,9 @@ fn schemas() -> Value {
     let route_quota = json!({ "type": "object", "required": ["route", "rate", "burst"], "additionalProperties": false, "properties": { "route": { "type": "string" }, "rate": int(1), "per": duration, "burst": int(1) } });
     let key = json!({ "type": "object", "properties": { "id": { "type": "integer" }, "tenant": { "type": "string" }, "prefix": { "type": "string", "description": "First characters of the key" }, "created_at": time, "revoked_at": nullable_time } });
     let max_in_flight = json!({ "type": ["integer", "null"], "minimum": 1, "maximum": crate::MAX_TENANT_IN_FLIGHT, "description": "Requests of the tenant in flight at once on one replica (over it: 429 concurrency-limited); null = unlimited" });
-    let limits = json!({ "rate": int(1), "per": duration, "burst": int(1), "daily_quota": nullable_int, "monthly_quota": nullable_int, "max_in_flight": max_in_flight });
+    let max_websockets = json!({ "type": ["integer", "null"], "minimum": 1, "maximum": crate::MAX_TENANT_WEBSOCKETS, "description": "Open WebSocket tunnels of the tenant on one replica (a handshake over it: 429 websocket-limited); null = no cap of its own" });
+    let websocket_bound = |what: &str| json!({ "type": ["string", "null"], "description": format!("The tenant's WebSocket {what} (\"30s\", 1 ms to 7 days); the stricter of the route's and the tenant's applies; null = the route's alone") });
+    let limits = json!({ "rate": int(1), "per": duration, "burst": int(1), "daily_quota": nullable_int, "monthly_quota": nullable_int, "max_in_flight": max_in_flight, "max_websockets": max_websockets, "websocket_idle_timeout": websocket_bound("idle timeout"), "websocket_max_lifetime": websocket_bound("maximum lifetime") });
     let mut tenant_create = json!({ "type": "object", "required": ["id", "rate", "burst"], "additionalProperties": false, "properties": limits.clone() });
     tenant_create["properties"]["id"] =
         json!({ "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$" });

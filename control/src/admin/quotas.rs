@@ -15,11 +15,13 @@ use super::store::{Limits, RouteQuota, RouteQuotaView, TenantPatch, TenantView};
 use super::validate::{Fields, MAX_PER, MAX_QUOTA, MAX_RATE};
 use super::{Actor, AdminState};
 use crate::quota::Period;
-use crate::MAX_TENANT_IN_FLIGHT;
+use crate::{MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEBSOCKETS, MAX_TENANT_WEBSOCKET_DURATION};
 
 /// Bucket period when `per` is not given on creation.
 pub(crate) const DEFAULT_PER: Duration = Duration::from_secs(1);
 const MIN_PER: Duration = Duration::from_millis(1);
+/// Shortest WebSocket idle timeout or lifetime of a tenant.
+const MIN_WEBSOCKET_DURATION: Duration = Duration::from_millis(1);
 
 /// A tenant's limits as `GET /tenants/{id}/quota` shows them.
 #[derive(Debug, Serialize)]
@@ -31,6 +33,9 @@ struct QuotaView {
     daily_quota: Option<u64>,
     monthly_quota: Option<u64>,
     max_in_flight: Option<u64>,
+    max_websockets: Option<u64>,
+    websocket_idle_timeout: Option<String>,
+    websocket_max_lifetime: Option<String>,
     route_quotas: Vec<RouteQuotaView>,
 }
 
@@ -44,13 +49,17 @@ impl From<TenantView> for QuotaView {
             daily_quota: t.daily_quota,
             monthly_quota: t.monthly_quota,
             max_in_flight: t.max_in_flight,
+            max_websockets: t.max_websockets,
+            websocket_idle_timeout: t.websocket_idle_timeout,
+            websocket_max_lifetime: t.websocket_max_lifetime,
             route_quotas: t.route_quotas,
         }
     }
 }
 
 /// Reads `rate` and `burst` (required), `per` (default 1 s), the optional period quotas and
-/// the optional concurrency limit `max_in_flight`.
+/// the optional concurrency limit `max_in_flight` and the optional WebSocket limits
+/// (`max_websockets`, `websocket_idle_timeout`, `websocket_max_lifetime`).
 pub(super) fn read_limits(fields: &mut Fields) -> Option<Limits> {
     let rate = fields.u64("rate", 1, MAX_RATE, true);
     let per = if fields.has("per") {
@@ -64,6 +73,11 @@ pub(super) fn read_limits(fields: &mut Fields) -> Option<Limits> {
     let max_in_flight = fields
         .patch_u64("max_in_flight", 1, MAX_TENANT_IN_FLIGHT)
         .flatten();
+    let max_websockets = fields
+        .patch_u64("max_websockets", 1, u64::from(MAX_TENANT_WEBSOCKETS))
+        .flatten();
+    let websocket_idle_timeout = websocket_duration(fields, "websocket_idle_timeout").flatten();
+    let websocket_max_lifetime = websocket_duration(fields, "websocket_max_lifetime").flatten();
     Some(Limits {
         rate: rate?,
         per: per?,
@@ -71,6 +85,9 @@ pub(super) fn read_limits(fields: &mut Fields) -> Option<Limits> {
         daily_quota,
         monthly_quota,
         max_in_flight,
+        max_websockets,
+        websocket_idle_timeout,
+        websocket_max_lifetime,
     })
 }
 
@@ -82,6 +99,14 @@ pub(super) fn read_limits_patch(fields: &mut Fields, patch: &mut TenantPatch) {
     patch.daily_quota = fields.patch_u64("daily_quota", 1, MAX_QUOTA);
     patch.monthly_quota = fields.patch_u64("monthly_quota", 1, MAX_QUOTA);
     patch.max_in_flight = fields.patch_u64("max_in_flight", 1, MAX_TENANT_IN_FLIGHT);
+    patch.max_websockets = fields.patch_u64("max_websockets", 1, u64::from(MAX_TENANT_WEBSOCKETS));
+    patch.websocket_idle_timeout = websocket_duration(fields, "websocket_idle_timeout");
+    patch.websocket_max_lifetime = websocket_duration(fields, "websocket_max_lifetime");
+}
+
+/// A tenant's WebSocket bound: absent → keep, `null` → clear, else a duration string.
+fn websocket_duration(fields: &mut Fields, name: &str) -> Option<Option<Duration>> {
+    fields.patch_duration(name, MIN_WEBSOCKET_DURATION, MAX_TENANT_WEBSOCKET_DURATION)
 }
 
 /// `GET /tenants/{id}/quota`.
@@ -94,7 +119,8 @@ pub(super) async fn get(
 }
 
 /// `PATCH /tenants/{id}/quota`: any of `rate`, `per`, `burst`, `daily_quota`,
-/// `monthly_quota`, `max_in_flight` (`null` removes a period quota or the concurrency limit).
+/// `monthly_quota`, `max_in_flight`, `max_websockets`, `websocket_idle_timeout`,
+/// `websocket_max_lifetime` (`null` removes a period quota or a limit).
 pub(super) async fn update(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,

@@ -13,7 +13,7 @@ use super::validate::{self, Fields};
 use super::{Actor, AdminState, BASE};
 
 /// `POST /tenants`: `{id, name?, rate, per?, burst, daily_quota?, monthly_quota?,
-/// max_in_flight?}` → 201.
+/// max_in_flight?, max_websockets?, websocket_idle_timeout?, websocket_max_lifetime?}` → 201.
 pub(super) async fn create(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,
@@ -93,7 +93,8 @@ pub(super) async fn get(
 }
 
 /// `PATCH /tenants/{id}`: any of `name`, `disabled`, `rate`, `per`, `burst`, `daily_quota`,
-/// `monthly_quota`, `max_in_flight` (`null` clears a period quota or the concurrency limit).
+/// `monthly_quota`, `max_in_flight`, `max_websockets`, `websocket_idle_timeout`,
+/// `websocket_max_lifetime` (`null` clears a period quota or a limit).
 pub(super) async fn update(
     State(state): State<AdminState>,
     Extension(actor): Extension<Actor>,

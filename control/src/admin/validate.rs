@@ -191,6 +191,22 @@ impl Fields {
         }
     }
 
+    /// A partial-update duration: absent → keep, `null` → clear, else as [`Self::duration`].
+    pub(crate) fn patch_duration(
+        &mut self,
+        name: &str,
+        min: Duration,
+        max: Duration,
+    ) -> Patch<Duration> {
+        match self.map.get(name)? {
+            Value::Null => {
+                self.map.remove(name);
+                Some(None)
+            }
+            _ => self.duration(name, min, max).map(Some),
+        }
+    }
+
     /// A string field; absent or `null` → `None`.
     pub(crate) fn string(&mut self, name: &str) -> Option<String> {
         match self.map.remove(name)? {

@@ -39,6 +39,9 @@ async fn tenant(client: &Client, command: TenantCommand) -> Result<(), AdminCliE
             daily,
             monthly,
             max_in_flight,
+            max_websockets,
+            websocket_idle_timeout,
+            websocket_max_lifetime,
         } => {
             let mut body = json!({ "id": id, "rate": rate, "per": per, "burst": burst });
             for (field, value) in [
@@ -46,6 +49,15 @@ async fn tenant(client: &Client, command: TenantCommand) -> Result<(), AdminCliE
                 ("daily_quota", daily.map(Value::from)),
                 ("monthly_quota", monthly.map(Value::from)),
                 ("max_in_flight", max_in_flight.map(Value::from)),
+                ("max_websockets", max_websockets.map(Value::from)),
+                (
+                    "websocket_idle_timeout",
+                    websocket_idle_timeout.map(Value::from),
+                ),
+                (
+                    "websocket_max_lifetime",
+                    websocket_max_lifetime.map(Value::from),
+                ),
             ] {
                 if let Some(value) = value {
                     body[field] = value;
@@ -132,6 +144,9 @@ async fn quota(client: &Client, command: QuotaCommand) -> Result<(), AdminCliErr
         daily,
         monthly,
         max_in_flight,
+        max_websockets,
+        websocket_idle_timeout,
+        websocket_max_lifetime,
     } = command;
     let tenant = url_encode(&tenant);
     let mut body = Map::new();
@@ -145,9 +160,15 @@ async fn quota(client: &Client, command: QuotaCommand) -> Result<(), AdminCliErr
         body.insert("burst".into(), burst.into());
     }
     let quota = if let Some(route) = route {
-        if daily.is_some() || monthly.is_some() || max_in_flight.is_some() {
+        if daily.is_some()
+            || monthly.is_some()
+            || max_in_flight.is_some()
+            || max_websockets.is_some()
+            || websocket_idle_timeout.is_some()
+            || websocket_max_lifetime.is_some()
+        {
             return Err(AdminCliError::Usage(
-                "--daily/--monthly/--max-in-flight apply to the tenant, not to a route override"
+                "--daily/--monthly/--max-in-flight/--max-websockets/--websocket-* apply to the tenant, not to a route override"
                     .into(),
             ));
         }
@@ -157,14 +178,29 @@ async fn quota(client: &Client, command: QuotaCommand) -> Result<(), AdminCliErr
             ("daily_quota", daily),
             ("monthly_quota", monthly),
             ("max_in_flight", max_in_flight),
+            ("max_websockets", max_websockets),
         ] {
             if let Some(value) = value {
                 body.insert(field.into(), quota_value(field, &value)?);
             }
         }
+        for (field, value) in [
+            ("websocket_idle_timeout", websocket_idle_timeout),
+            ("websocket_max_lifetime", websocket_max_lifetime),
+        ] {
+            if let Some(value) = value {
+                // The admin API checks the duration and names the field if it is wrong.
+                let value = if value.eq_ignore_ascii_case("none") {
+                    Value::Null
+                } else {
+                    Value::from(value)
+                };
+                body.insert(field.into(), value);
+            }
+        }
         if body.is_empty() {
             return Err(AdminCliError::Usage(
-                "nothing to set: give --rate, --per, --burst, --daily, --monthly or --max-in-flight".into(),
+                "nothing to set: give --rate, --per, --burst, --daily, --monthly, --max-in-flight, --max-websockets, --websocket-idle-timeout or --websocket-max-lifetime".into(),
             ));
         }
         let path = format!("/tenants/{tenant}/quota");

@@ -68,6 +68,9 @@ pub(super) fn print_tenants(tenants: &[Value]) {
                 text(&t["daily_quota"]),
                 text(&t["monthly_quota"]),
                 text(&t["max_in_flight"]),
+                text(&t["max_websockets"]),
+                text(&t["websocket_idle_timeout"]),
+                text(&t["websocket_max_lifetime"]),
                 t["route_quotas"].as_array().map_or(0, Vec::len).to_string(),
             ]
         })
@@ -83,6 +86,9 @@ pub(super) fn print_tenants(tenants: &[Value]) {
             "DAILY",
             "MONTHLY",
             "MAX IN FLIGHT",
+            "MAX WEBSOCKETS",
+            "WS IDLE",
+            "WS LIFETIME",
             "ROUTE OVERRIDES",
         ],
         rows,
@@ -114,6 +120,9 @@ pub(super) fn print_quota(quota: &Value) {
         text(&quota["daily_quota"]),
         text(&quota["monthly_quota"]),
         text(&quota["max_in_flight"]),
+        text(&quota["max_websockets"]),
+        text(&quota["websocket_idle_timeout"]),
+        text(&quota["websocket_max_lifetime"]),
     ]];
     for r in quota["route_quotas"].as_array().into_iter().flatten() {
         rows.push(vec![
@@ -121,6 +130,9 @@ pub(super) fn print_quota(quota: &Value) {
             text(&r["rate"]),
             text(&r["per"]),
             text(&r["burst"]),
+            "".into(),
+            "".into(),
+            "".into(),
             "".into(),
             "".into(),
             "".into(),
@@ -136,6 +148,9 @@ pub(super) fn print_quota(quota: &Value) {
             "DAILY",
             "MONTHLY",
             "MAX IN FLIGHT",
+            "MAX WEBSOCKETS",
+            "WS IDLE",
+            "WS LIFETIME",
         ],
         rows,
     );

@@ -8,7 +8,7 @@
 pub(crate) mod notify;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +48,16 @@ pub struct Tenant {
     /// lets a burst in beside them; the request path increments it on the tenant it already
     /// holds (no map, no lock).
     in_flight: Arc<AtomicU64>,
+    /// At most this many open WebSocket tunnels of the tenant on this replica
+    /// (`max_websockets`); `None` = no cap of its own.
+    pub max_websockets: Option<u32>,
+    /// The tenant's WebSocket idle timeout; the stricter of it and the route's applies.
+    pub websocket_idle_timeout: Option<Duration>,
+    /// The tenant's WebSocket maximum lifetime; the stricter of it and the route's applies.
+    pub websocket_max_lifetime: Option<Duration>,
+    /// Open WebSocket tunnels of this tenant on this replica, carried across reloads like
+    /// `in_flight`.
+    websockets_open: Arc<AtomicU32>,
     /// Rate-limit rejections (429) of this tenant by this replica. Shared with the same
     /// tenant in later snapshots, so a reload does not reset it; counting is one relaxed
     /// atomic add on a tenant the request already holds (no map, no lock).
@@ -99,6 +109,14 @@ impl Tenant {
                 .and_then(|n| u64::try_from(n).ok())
                 .filter(|n| (1..=MAX_TENANT_IN_FLIGHT).contains(n)),
             in_flight: previous.map_or_else(Arc::default, |t| t.in_flight.clone()),
+            // As for max_in_flight: outside the database's constraint means no limit.
+            max_websockets: row
+                .max_websockets
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| (1..=MAX_TENANT_WEBSOCKETS).contains(n)),
+            websocket_idle_timeout: stored_websocket_duration(row.websocket_idle_timeout_ms),
+            websocket_max_lifetime: stored_websocket_duration(row.websocket_max_lifetime_ms),
+            websockets_open: previous.map_or_else(Arc::default, |t| t.websockets_open.clone()),
             rate_limited: previous.map_or_else(Arc::default, |t| t.rate_limited.clone()),
         }
     }
@@ -116,6 +134,12 @@ impl Tenant {
         &self.in_flight
     }
 
+    /// The tenant's open WebSocket tunnels on this replica (see `max_websockets`): the
+    /// gateway's cap takes a place on admission and gives it back when the tunnel ends.
+    pub fn websockets_open(&self) -> &Arc<AtomicU32> {
+        &self.websockets_open
+    }
+
     /// Rate-limit rejections of this tenant by this replica since it started.
     pub fn rate_limited_total(&self) -> u64 {
         self.rate_limited.load(Ordering::Relaxed)
@@ -125,6 +149,20 @@ impl Tenant {
 /// Largest per-tenant `max_in_flight` (the database, the admin API and the configuration
 /// file all accept 1..=this).
 pub const MAX_TENANT_IN_FLIGHT: u64 = 100_000;
+
+/// Largest per-tenant `max_websockets` (the database, the admin API and the configuration
+/// file all accept 1..=this).
+pub const MAX_TENANT_WEBSOCKETS: u32 = 1_000_000;
+
+/// Longest per-tenant `websocket_idle_timeout` and `websocket_max_lifetime` (the database,
+/// the admin API and the configuration file all accept 1 ms..=this).
+pub const MAX_TENANT_WEBSOCKET_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A stored WebSocket bound in milliseconds; outside the database's constraint → none.
+fn stored_websocket_duration(ms: Option<i64>) -> Option<Duration> {
+    let ms = u64::try_from(ms?).ok().filter(|&ms| ms > 0)?;
+    Some(Duration::from_millis(ms)).filter(|d| *d <= MAX_TENANT_WEBSOCKET_DURATION)
+}
 
 /// A policy from stored columns (the database's constraints keep them positive; anything
 /// else is clamped to 1 and left to the limiter's validation).

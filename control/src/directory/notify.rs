@@ -106,6 +106,9 @@ mod tests {
                 daily_quota: None,
                 monthly_quota: None,
                 max_in_flight: None,
+                max_websockets: None,
+                websocket_idle_timeout: None,
+                websocket_max_lifetime: None,
             },
         };
         store.create_tenant("t", &tenant(1)).await.unwrap();

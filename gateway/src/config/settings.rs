@@ -236,6 +236,10 @@ pub struct TenantSettings {
     pub concurrency_limit: Option<u64>,
     /// Open WebSocket tunnels at once (per replica); a handshake over it → 429.
     pub max_websockets: Option<u32>,
+    /// WebSocket idle timeout; the stricter of it and the route's applies.
+    pub websocket_idle_timeout: Option<Duration>,
+    /// WebSocket maximum lifetime; the stricter of it and the route's applies.
+    pub websocket_max_lifetime: Option<Duration>,
 }
 
 /// A validated upstream.

@@ -402,6 +402,21 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
             if let Some(n) = t.max_websockets {
                 issues.range(format!("{path}.max_websockets"), n, 1, MAX_WEBSOCKETS);
             }
+            let mut websocket_bound =
+                |field: &str, value: Option<super::duration::HumanDuration>| {
+                    let value = value?.get();
+                    issues.duration_range(
+                        &format!("{path}.{field}"),
+                        value,
+                        Duration::from_millis(1),
+                        portcullis_control::MAX_TENANT_WEBSOCKET_DURATION,
+                    );
+                    Some(value)
+                };
+            let websocket_idle_timeout =
+                websocket_bound("websocket_idle_timeout", t.websocket_idle_timeout);
+            let websocket_max_lifetime =
+                websocket_bound("websocket_max_lifetime", t.websocket_max_lifetime);
             TenantSettings {
                 id: t.id.clone(),
                 api_keys: t.api_keys.iter().map(|k| Secret::new(k)).collect(),
@@ -410,6 +425,8 @@ fn tenants(raw: &[raw::RawTenant], issues: &mut Issues) -> Vec<TenantSettings> {
                 monthly_quota: t.monthly_quota,
                 concurrency_limit: t.concurrency_limit,
                 max_websockets: t.max_websockets,
+                websocket_idle_timeout,
+                websocket_max_lifetime,
             }
         })
         .collect()

@@ -74,7 +74,7 @@ static PROTECTED: [HeaderName; 13] = [
 pub(crate) fn strip_client_request<B>(mut request: http::Request<B>) -> http::Request<B> {
     // A WebSocket handshake is recorded first (`edge::upgrade`): the proxy writes its
     // `Upgrade` and `Connection` again toward a route that allows it.
-    if request.headers().contains_key(header::UPGRADE) {
+    if crate::edge::upgrade::may_switch(&request) {
         crate::edge::upgrade::mark(&mut request);
     }
     let headers = request.headers_mut();

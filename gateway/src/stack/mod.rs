@@ -137,7 +137,7 @@ where
             .with_caller_share(config.server.load_shed_limit, config.server.caller_share), // one caller over its share of the cap → 429 concurrency-limited; over the cap → 503 at once; normal routes already at the cap less the critical reserve
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
-        .option_layer(websockets.then(|| StepLayer::new(WebSocketCaps::new(config)))) // WebSocket handshakes on a route with websocket = true: route and tenant max_websockets → 429 at once; the slots ride to the tunnel
+        .option_layer(websockets.then(|| StepLayer::new(WebSocketCaps::new(config)))) // only when some route has websocket = true: route and tenant max_websockets → 429 at once, the slots ride to the tunnel; any other CONNECT → 501, an HTTP/2 WebSocket on a route without websocket → 403
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),

@@ -223,6 +223,9 @@ fn serve_options(config: &Config, listener: Listener) -> Result<ServeOptions, St
         shutdown_grace: config.server.shutdown_grace,
         h2c: config.server.h2c,
         http2: config.server.http2,
+        // RFC 8441 WebSockets over HTTP/2: advertised only where a route can take one.
+        extended_connect: matches!(listener, Listener::Proxy)
+            && config.routes.iter().any(|r| r.websocket.is_some()),
         tls,
     })
 }

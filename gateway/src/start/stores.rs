@@ -62,6 +62,9 @@ pub(crate) fn tenant_seeds(tenants: &[config::TenantSettings]) -> Vec<TenantSeed
             daily_quota: t.daily_quota,
             monthly_quota: t.monthly_quota,
             max_in_flight: t.concurrency_limit,
+            max_websockets: t.max_websockets,
+            websocket_idle_timeout: t.websocket_idle_timeout,
+            websocket_max_lifetime: t.websocket_max_lifetime,
         })
         .collect()
 }

@@ -32,7 +32,7 @@ use crate::plumbing::worker;
 use crate::telemetry::Attempt;
 use crate::upstream::balance::timeout::TimeoutWitness;
 use crate::upstream::balance::{Address, Balancer, Endpoint, EndpointLoad, Outcome, Picked, Probe};
-use crate::upstream::websocket::{Handshake, WebSockets};
+use crate::upstream::websocket::WebSockets;
 use portcullis_retry::{AttemptInfo, PickedEndpoint, ServedBy, UpstreamState};
 
 mod client_body;
@@ -354,8 +354,8 @@ impl Service<Request<Body>> for Proxy {
                 Ok(request) => Attempt::start(request),
                 Err(err) => return std::future::ready(Err(err)).boxed(),
             };
-        if let Some(tunnel) = tunnel {
-            Handshake::prepare(&mut request);
+        if let Some(mut tunnel) = tunnel {
+            tunnel.prepare(&mut request);
             return async move {
                 let result = upstream.send_upgrade(&endpoint, request).await;
                 attempt.end(result.as_ref().ok().map(|r| r.status().as_u16()));

@@ -303,6 +303,34 @@ async fn the_cli_drives_the_admin_api() {
     )
     .await;
     assert!(ok && out.contains("(tenant)  10"), "{out}");
+    let (ok, out) = cli(
+        &gw,
+        &[
+            "quota",
+            "set",
+            "cli-t",
+            "--max-websockets",
+            "3",
+            "--websocket-idle-timeout",
+            "90s",
+        ],
+        Some(TOKEN),
+    )
+    .await;
+    assert!(
+        ok && out.contains("MAX WEBSOCKETS") && out.contains("1m 30s"),
+        "{out}"
+    );
+    let (ok, out) = cli(
+        &gw,
+        &["quota", "set", "cli-t", "--websocket-max-lifetime", "0s"],
+        Some(TOKEN),
+    )
+    .await;
+    assert!(
+        !ok && out.contains("websocket_max_lifetime: must be"),
+        "{out}"
+    );
     let (ok, out) = cli(&gw, &["usage", "cli-t"], Some(TOKEN)).await;
     assert!(ok && out.contains("REMAINING"), "{out}");
     let (ok, out) = cli(&gw, &["key", "revoke", "cli-t", "1"], Some(TOKEN)).await;

@@ -6,10 +6,11 @@
   peer.py tick URL SECONDS     open, send a message every 100 ms until closed; report the close
 
 Clients print one JSON line: {"status": ..} for a refused handshake, else what happened.
-Every wait is bounded.
+Every wait is bounded. A client sends `X-Api-Key: $PEER_API_KEY` when that is set.
 """
 import asyncio
 import json
+import os
 import sys
 
 import websockets
@@ -53,7 +54,10 @@ async def server(port, path):
 
 async def client(mode, url, arg):
     try:
-        ws = await asyncio.wait_for(connect(url, open_timeout=10, close_timeout=5), 15)
+        key = os.environ.get("PEER_API_KEY")
+        headers = {"X-Api-Key": key} if key else None
+        ws = await asyncio.wait_for(
+            connect(url, open_timeout=10, close_timeout=5, additional_headers=headers), 15)
     except websockets.InvalidStatus as err:
         return {"status": err.response.status_code}
     async with ws:

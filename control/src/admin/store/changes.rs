@@ -20,6 +20,12 @@ pub(crate) struct Limits {
     pub(crate) monthly_quota: Option<u64>,
     /// Requests in flight at once (per replica).
     pub(crate) max_in_flight: Option<u64>,
+    /// Open WebSocket tunnels at once (per replica).
+    pub(crate) max_websockets: Option<u64>,
+    /// WebSocket idle timeout (the stricter of the route's and this applies).
+    pub(crate) websocket_idle_timeout: Option<Duration>,
+    /// WebSocket maximum lifetime (the stricter of the route's and this applies).
+    pub(crate) websocket_max_lifetime: Option<Duration>,
 }
 
 /// A tenant to create.
@@ -52,6 +58,12 @@ pub(crate) struct TenantPatch {
     pub(crate) monthly_quota: Patch<u64>,
     /// Concurrency limit: keep, clear or set.
     pub(crate) max_in_flight: Patch<u64>,
+    /// WebSocket cap: keep, clear or set.
+    pub(crate) max_websockets: Patch<u64>,
+    /// WebSocket idle timeout: keep, clear or set.
+    pub(crate) websocket_idle_timeout: Patch<Duration>,
+    /// WebSocket maximum lifetime: keep, clear or set.
+    pub(crate) websocket_max_lifetime: Patch<Duration>,
 }
 
 /// A per-route override to set.

@@ -24,6 +24,9 @@ struct TenantRecord {
     daily_quota: Option<i64>,
     monthly_quota: Option<i64>,
     max_in_flight: Option<i64>,
+    max_websockets: Option<i64>,
+    websocket_idle_timeout_ms: Option<i64>,
+    websocket_max_lifetime_ms: Option<i64>,
     created_at: String,
     updated_at: String,
 }
@@ -33,7 +36,9 @@ fn tenant_select(tx: &Tx) -> String {
         "SELECT id, name, CAST(CASE WHEN disabled THEN 1 ELSE 0 END AS BIGINT) AS disabled, \
          CAST(rate AS BIGINT) AS rate, CAST(per_ms AS BIGINT) AS per_ms, CAST(burst AS BIGINT) AS burst, \
          CAST(daily_quota AS BIGINT) AS daily_quota, CAST(monthly_quota AS BIGINT) AS monthly_quota, \
-         CAST(max_in_flight AS BIGINT) AS max_in_flight, {}, {} FROM tenants",
+         CAST(max_in_flight AS BIGINT) AS max_in_flight, CAST(max_websockets AS BIGINT) AS max_websockets, \
+         CAST(websocket_idle_timeout_ms AS BIGINT) AS websocket_idle_timeout_ms, \
+         CAST(websocket_max_lifetime_ms AS BIGINT) AS websocket_max_lifetime_ms, {}, {} FROM tenants",
         tx.ts("created_at"),
         tx.ts("updated_at")
     )
@@ -60,10 +65,18 @@ fn view(row: TenantRecord, routes: &[RouteQuotaRow]) -> TenantView {
         daily_quota: row.daily_quota.map(to_u64),
         monthly_quota: row.monthly_quota.map(to_u64),
         max_in_flight: row.max_in_flight.map(to_u64),
+        max_websockets: row.max_websockets.map(to_u64),
+        websocket_idle_timeout: row.websocket_idle_timeout_ms.map(per_text),
+        websocket_max_lifetime: row.websocket_max_lifetime_ms.map(per_text),
         route_quotas,
         created_at: row.created_at,
         updated_at: row.updated_at,
     }
+}
+
+/// A duration the view shows as text, read back (`None`: not set).
+fn stored_duration(text: Option<&str>) -> Option<Duration> {
+    humantime::parse_duration(text?).ok()
 }
 
 /// Reads one tenant with its route overrides inside `tx`.
@@ -107,7 +120,8 @@ impl AdminStore {
         let inserted = tx
             .execute(
                 "INSERT INTO tenants (id, name, rate, per_ms, burst, daily_quota, monthly_quota, \
-                 max_in_flight) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 max_in_flight, max_websockets, websocket_idle_timeout_ms, websocket_max_lifetime_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 vec![
                     Arg::Text(new.id.clone()),
                     Arg::Text(new.name.clone()),
@@ -117,6 +131,9 @@ impl AdminStore {
                     Arg::OptI64(l.daily_quota.map(to_i64)),
                     Arg::OptI64(l.monthly_quota.map(to_i64)),
                     Arg::OptI64(l.max_in_flight.map(to_i64)),
+                    Arg::OptI64(l.max_websockets.map(to_i64)),
+                    Arg::OptI64(l.websocket_idle_timeout.map(millis)),
+                    Arg::OptI64(l.websocket_max_lifetime.map(millis)),
                 ],
             )
             .await;
@@ -197,6 +214,13 @@ impl AdminStore {
             daily_quota: patch.daily_quota.unwrap_or(before.daily_quota),
             monthly_quota: patch.monthly_quota.unwrap_or(before.monthly_quota),
             max_in_flight: patch.max_in_flight.unwrap_or(before.max_in_flight),
+            max_websockets: patch.max_websockets.unwrap_or(before.max_websockets),
+            websocket_idle_timeout: patch
+                .websocket_idle_timeout
+                .unwrap_or_else(|| stored_duration(before.websocket_idle_timeout.as_deref())),
+            websocket_max_lifetime: patch
+                .websocket_max_lifetime
+                .unwrap_or_else(|| stored_duration(before.websocket_max_lifetime.as_deref())),
         };
         self.check_limits(&limits)?;
         let name = patch.name.clone().unwrap_or_else(|| before.name.clone());
@@ -208,13 +232,19 @@ impl AdminStore {
             && limits.burst == before.burst
             && limits.daily_quota == before.daily_quota
             && limits.monthly_quota == before.monthly_quota
-            && limits.max_in_flight == before.max_in_flight;
+            && limits.max_in_flight == before.max_in_flight
+            && limits.max_websockets == before.max_websockets
+            && limits.websocket_idle_timeout.map(|d| per_text(millis(d)))
+                == before.websocket_idle_timeout
+            && limits.websocket_max_lifetime.map(|d| per_text(millis(d)))
+                == before.websocket_max_lifetime;
         if unchanged {
             return Ok(before);
         }
         let sql = format!(
             "UPDATE tenants SET name = $2, disabled = $3, rate = $4, per_ms = $5, burst = $6, \
-             daily_quota = $7, monthly_quota = $8, max_in_flight = $9, updated_at = {} WHERE id = $1",
+             daily_quota = $7, monthly_quota = $8, max_in_flight = $9, max_websockets = $10, \
+             websocket_idle_timeout_ms = $11, websocket_max_lifetime_ms = $12, updated_at = {} WHERE id = $1",
             tx.now()
         );
         tx.execute(
@@ -229,6 +259,9 @@ impl AdminStore {
                 Arg::OptI64(limits.daily_quota.map(to_i64)),
                 Arg::OptI64(limits.monthly_quota.map(to_i64)),
                 Arg::OptI64(limits.max_in_flight.map(to_i64)),
+                Arg::OptI64(limits.max_websockets.map(to_i64)),
+                Arg::OptI64(limits.websocket_idle_timeout.map(millis)),
+                Arg::OptI64(limits.websocket_max_lifetime.map(millis)),
             ],
         )
         .await?;

@@ -89,6 +89,9 @@ fn new_tenant(id: &str, rate: u64, burst: u64) -> NewTenant {
             daily_quota: None,
             monthly_quota: Some(1000),
             max_in_flight: Some(8),
+            max_websockets: Some(4),
+            websocket_idle_timeout: Some(Duration::from_secs(30)),
+            websocket_max_lifetime: None,
         },
     }
 }

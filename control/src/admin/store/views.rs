@@ -24,6 +24,12 @@ pub(crate) struct TenantView {
     pub(crate) monthly_quota: Option<u64>,
     /// Requests in flight at once (per replica), if limited.
     pub(crate) max_in_flight: Option<u64>,
+    /// Open WebSocket tunnels at once (per replica), if limited.
+    pub(crate) max_websockets: Option<u64>,
+    /// WebSocket idle timeout (`"30s"`), if the tenant has its own.
+    pub(crate) websocket_idle_timeout: Option<String>,
+    /// WebSocket maximum lifetime (`"1h"`), if the tenant has its own.
+    pub(crate) websocket_max_lifetime: Option<String>,
     /// Per-route overrides of the bucket.
     pub(crate) route_quotas: Vec<RouteQuotaView>,
     /// Creation time (RFC 3339, UTC).

@@ -272,6 +272,12 @@ pub struct RawTenant {
     /// it → 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_websockets: Option<u32>,
+    /// This tenant's WebSocket idle timeout; the stricter of it and the route's applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_idle_timeout: Option<HumanDuration>,
+    /// This tenant's WebSocket maximum lifetime; the stricter of it and the route's applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_max_lifetime: Option<HumanDuration>,
 }
 
 /// `[demo]`: the built-in demo upstream.

@@ -41,7 +41,10 @@
 //!
 //! HTTP/1 connections allow hyper's upgrades: a request the proxy answers `101` becomes a
 //! WebSocket tunnel (`upstream::websocket`), which keeps the connection's slot until it
-//! ends.
+//! ends. HTTP/2 connections advertise `SETTINGS_ENABLE_CONNECT_PROTOCOL` when some route
+//! has `websocket = true` ([`ServeOptions::extended_connect`]): an RFC 8441 extended
+//! CONNECT the proxy answers `200` becomes a tunnel on its stream, which counts as a
+//! request in flight until the tunnel ends.
 
 mod accept;
 pub(crate) mod activity;
@@ -114,6 +117,9 @@ pub struct ServeOptions {
     pub h2c: bool,
     /// HTTP/2 limits.
     pub http2: Http2Settings,
+    /// Advertise RFC 8441 extended CONNECT on HTTP/2 connections (WebSockets over HTTP/2):
+    /// set when some route has `websocket = true`.
+    pub extended_connect: bool,
     /// Terminate TLS with this acceptor; `None` → plain HTTP.
     pub tls: Option<TlsAcceptor>,
 }
@@ -131,6 +137,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("h2c", &self.h2c)
             .field("http2", &self.http2)
+            .field("extended_connect", &self.extended_connect)
             .field("tls", &self.tls.is_some())
             .finish()
     }
@@ -193,6 +200,9 @@ impl Listener {
             .max_header_list_size(h2.max_header_list_size)
             .initial_stream_window_size(h2.initial_stream_window_size)
             .initial_connection_window_size(h2.initial_connection_window_size);
+        if options.extended_connect {
+            http2.enable_connect_protocol();
+        }
         let keep_alive = HeaderValue::from_str(&format!(
             "timeout={}",
             options.keep_alive_timeout.as_secs().max(1)
@@ -302,11 +312,20 @@ impl Listener {
     where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let service =
+        // A tunnel on one of its streams holds a sender, as on HTTP/1; the connection
+        // itself carries the tunnel's frames, so it runs until the tunnel's stream ends.
+        let (open, mut tunnels) = mpsc::channel::<()>(1);
+        let mut service =
             ConnectionService::new(conn.pipeline, conn.peer, tls, conn.activity.clone(), None);
+        if self.options.extended_connect {
+            service = service.with_streams(ConnectionHold::new(self.stop.clone(), open));
+        } else {
+            drop(open);
+        }
         let io = Watched::new(io, conn.activity.clone());
         let connection = self.http2.serve_connection(TokioIo::new(io), service);
         self.watch(connection, conn.activity, conn.peer).await;
+        let _ = tunnels.recv().await;
     }
 }
 

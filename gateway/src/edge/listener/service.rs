@@ -31,9 +31,11 @@ pub(crate) struct ConnectionService {
     /// `Keep-Alive: timeout=N` for HTTP/1 responses; `None` on HTTP/2, where
     /// connection-specific fields are forbidden.
     keep_alive: Option<HeaderValue>,
-    /// HTTP/1: what a tunnel opened from this connection holds (`edge::upgrade`); the
+    /// What a tunnel opened from this connection holds (`edge::upgrade`); on HTTP/1 the
     /// requests offered a switch also report their answer to the framing guard.
     hold: Option<ConnectionHold>,
+    /// HTTP/2 (extended CONNECT): each stream offered a switch holds the connection busy.
+    streams: bool,
 }
 
 impl ConnectionService {
@@ -51,7 +53,17 @@ impl ConnectionService {
             activity,
             keep_alive,
             hold: None,
+            streams: false,
         }
+    }
+
+    /// An HTTP/2 connection's service with extended CONNECT: the CONNECT streams (the
+    /// ones hyper offers a switch) carry `hold` and keep the connection busy while a
+    /// tunnel runs on them.
+    pub(crate) fn with_streams(mut self, hold: ConnectionHold) -> Self {
+        self.hold = Some(hold);
+        self.streams = true;
+        self
     }
 
     /// An HTTP/1 connection's service: requests that ask to switch protocols carry `hold`,
@@ -78,8 +90,14 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         // it gave an `OnUpgrade`.
         let answers_upgrade = match &self.hold {
             Some(hold) if request.extensions().get::<OnUpgrade>().is_some() => {
-                request.extensions_mut().insert(hold.clone());
-                Some(self.activity.clone())
+                if self.streams {
+                    let busy = self.activity.request();
+                    request.extensions_mut().insert(hold.with_busy(busy));
+                    None
+                } else {
+                    request.extensions_mut().insert(hold.clone());
+                    Some(self.activity.clone())
+                }
             }
             _ => None,
         };

@@ -49,6 +49,9 @@ async fn fixture(keys: &[&SigningKey], extra: &str) -> Fixture {
         daily_quota: None,
         monthly_quota: None,
         max_in_flight: None,
+        max_websockets: None,
+        websocket_idle_timeout: None,
+        websocket_max_lifetime: None,
     };
     db.upsert_tenants(&[seed("acme")]).await.unwrap();
     let directory = Arc::new(Directory::open(&db).await.unwrap());

@@ -1,18 +1,22 @@
 //! The caps on open tunnels: `max_websockets` per route and per tenant (per replica). A
 //! tunnel holds its [`Slots`] from its admitted handshake until it closes; a handshake the
 //! upstream does not answer 101 gives them back with the request.
+//!
+//! A route's count lives here; a tenant's lives on the tenant (`Tenant::websockets_open`),
+//! so every kind of tenant — the file's `[[tenants]]`, those managed through the admin API
+//! — has one, and a directory reload neither forgets open tunnels nor lets a burst in
+//! beside them.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::config::Config;
 use crate::plumbing::context::{Caller, RequestContext};
 
-/// Open tunnels against one cap.
+/// Open tunnels against one route's cap.
 #[derive(Debug)]
 struct Count {
-    open: AtomicU32,
+    open: Arc<AtomicU32>,
     max: u32,
 }
 
@@ -25,18 +29,16 @@ pub(crate) enum Over {
     Tenant(u32),
 }
 
-/// Every cap, built once from the configuration.
+/// The routes' caps, built once from the configuration.
 #[derive(Debug, Default)]
 pub(crate) struct Caps {
     /// By route index; `None`: no cap.
-    routes: Box<[Option<Arc<Count>>]>,
-    /// Tenants of `[[tenants]]` that have a cap.
-    tenants: HashMap<String, Arc<Count>>,
+    routes: Box<[Option<Count>]>,
 }
 
 /// An admitted tunnel's places under its caps, given back on drop.
 #[derive(Debug, Default)]
-pub(crate) struct Slots(Vec<Arc<Count>>);
+pub(crate) struct Slots(Vec<Arc<AtomicU32>>);
 
 /// Request extension: the slots of an admitted handshake, taken by the proxy when the
 /// tunnel opens (clones of the request share them).
@@ -47,22 +49,17 @@ pub(crate) struct Admitted(Arc<Mutex<Option<Slots>>>);
 
 impl Caps {
     pub(crate) fn new(config: &Config) -> Self {
-        let count = |max: u32| {
-            Arc::new(Count {
-                open: AtomicU32::new(0),
-                max,
-            })
-        };
         Self {
             routes: config
                 .routes
                 .iter()
-                .map(|r| r.websocket.and_then(|w| w.max_open).map(count))
-                .collect(),
-            tenants: config
-                .tenants
-                .iter()
-                .filter_map(|t| Some((t.id.clone(), count(t.max_websockets?))))
+                .map(|r| {
+                    let max = r.websocket.and_then(|w| w.max_open)?;
+                    Some(Count {
+                        open: Arc::default(),
+                        max,
+                    })
+                })
                 .collect(),
         }
     }
@@ -75,12 +72,14 @@ impl Caps {
             .get(context.route.index)
             .and_then(Option::as_ref)
         {
-            slots.take(count).map_err(Over::Route)?;
+            slots.take(&count.open, count.max).map_err(Over::Route)?;
         }
         if let Caller::Tenant(tenant) = &context.caller {
-            if let Some(count) = self.tenants.get(&*tenant.id) {
+            if let Some(max) = tenant.max_websockets {
                 // The route's slot, if taken, goes back as `slots` drops.
-                slots.take(count).map_err(Over::Tenant)?;
+                slots
+                    .take(tenant.websockets_open(), max)
+                    .map_err(Over::Tenant)?;
             }
         }
         Ok(slots)
@@ -90,23 +89,21 @@ impl Caps {
 // === impl Slots ===
 
 impl Slots {
-    /// One place under `count`, or its cap when full.
-    fn take(&mut self, count: &Arc<Count>) -> Result<(), u32> {
-        count
-            .open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < count.max).then_some(n + 1)
-            })
-            .map_err(|_| count.max)?;
-        self.0.push(count.clone());
+    /// One place under `max` in `open`, or `max` when full.
+    fn take(&mut self, open: &Arc<AtomicU32>, max: u32) -> Result<(), u32> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map_err(|_| max)?;
+        self.0.push(open.clone());
         Ok(())
     }
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
-        for count in &self.0 {
-            count.open.fetch_sub(1, Ordering::AcqRel);
+        for open in &self.0 {
+            open.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -130,19 +127,16 @@ mod tests {
 
     #[test]
     fn a_full_cap_refuses_and_a_dropped_slot_frees_it() {
-        let count = Arc::new(Count {
-            open: AtomicU32::new(0),
-            max: 2,
-        });
+        let open = Arc::new(AtomicU32::new(0));
         let mut a = Slots::default();
-        a.take(&count).unwrap();
+        a.take(&open, 2).unwrap();
         let mut b = Slots::default();
-        b.take(&count).unwrap();
+        b.take(&open, 2).unwrap();
         let mut c = Slots::default();
-        assert_eq!(c.take(&count), Err(2));
+        assert_eq!(c.take(&open, 2), Err(2));
         drop(a);
-        c.take(&count).unwrap();
+        c.take(&open, 2).unwrap();
         drop((b, c));
-        assert_eq!(count.open.load(Ordering::Acquire), 0);
+        assert_eq!(open.load(Ordering::Acquire), 0);
     }
 }
