@@ -500,3 +500,96 @@ async fn a_failing_successor_leaves_the_old_process_serving() {
     let status = gateway.terminate(GRACE + Duration::from_secs(5)).await;
     assert!(status.is_some_and(|s| s.success()));
 }
+
+/// Sends `GET path` on `stream` and reads one response (head and `content-length` body).
+async fn exchange(stream: &mut TcpStream, path: &str) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    for _ in 0..100 {
+        let text = String::from_utf8_lossy(&received).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if received.len() >= end + 4 + length {
+                return Some(text);
+            }
+        }
+        let n = tokio::time::timeout(PATIENCE, stream.read(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        received.extend_from_slice(&buf[..n]);
+    }
+    None
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_get_their_close_on_a_response() {
+    use tokio::io::AsyncReadExt;
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let (mut gateway, runtime) = start(&upstream).await;
+    let pid = gateway.guard().pid();
+    // Two keep-alive connections, each with one exchange behind it, idle at the hand-over.
+    let mut reused = TcpStream::connect(gateway.addr).await.unwrap();
+    let mut silent = TcpStream::connect(gateway.addr).await.unwrap();
+    for stream in [&mut reused, &mut silent] {
+        let answer = exchange(stream, "/before").await.expect("an answer");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            !answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    kill("USR2", pid);
+    let mut successor = None;
+    for _ in 0..(PATIENCE.as_millis() / 20) {
+        successor = successor_of(runtime.path(), pid);
+        if successor.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let successor = Successor(successor.expect("handed over"));
+
+    // The old process drains: a request on its idle connection is still answered (within
+    // the linger), and the answer says the connection closes.
+    let answer = exchange(&mut reused, "/during-drain")
+        .await
+        .expect("answered, not closed under the client");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, reused.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(0))), "then closed: {read:?}");
+    assert!(
+        upstream
+            .hits()
+            .iter()
+            .any(|h| h.uri.path() == "/during-drain"),
+        "the upstream got it"
+    );
+    // The connection that stays silent is closed, cleanly, within the grace.
+    let read = tokio::time::timeout(GRACE, silent.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(0))), "closed by the drain: {read:?}");
+    let status = gateway
+        .guard()
+        .wait_exit(GRACE + Duration::from_secs(2))
+        .await;
+    assert!(status.is_some_and(|s| s.success()), "{}", gateway.logs());
+    successor.stop().await;
+}

@@ -194,6 +194,32 @@ pub fn runtime_dir() -> Result<PathBuf, HandoverError> {
     Ok(dir)
 }
 
+/// Tells systemd (`Type=notify`, `NOTIFY_SOCKET`) that this process is ready and is the
+/// service's main process: after a hand-over the successor becomes the main PID (which
+/// needs `NotifyAccess=all`, the message coming from a process systemd did not start).
+pub(crate) fn notify_systemd() {
+    if let Some(path) = std::env::var_os("NOTIFY_SOCKET") {
+        if let Err(err) = notify(&path) {
+            tracing::warn!(%err, "cannot notify systemd through NOTIFY_SOCKET");
+        }
+    }
+}
+
+/// Sends systemd's readiness message to `path` (a file, or `@name` in the abstract namespace).
+fn notify(path: &std::ffi::OsStr) -> std::io::Result<usize> {
+    use std::os::unix::ffi::OsStrExt;
+    let message = format!("READY=1\nMAINPID={}\n", std::process::id());
+    let socket = std::os::unix::net::UnixDatagram::unbound()?;
+    match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            socket.send_to_addr(message.as_bytes(), &addr)
+        }
+        None => socket.send_to(message.as_bytes(), path),
+    }
+}
+
 /// The hand-over socket of the process `pid`.
 fn socket_path(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("{pid}.sock"))
@@ -214,5 +240,17 @@ mod tests {
         // A bare name found in PATH (`sh` is everywhere).
         let sh = resolve(Path::new("sh"));
         assert!(sh.is_absolute() && sh.ends_with("sh"), "{sh:?}");
+    }
+
+    #[test]
+    fn systemd_hears_ready_and_the_main_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let systemd = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        notify(path.as_os_str()).unwrap();
+        let mut buf = [0u8; 128];
+        let n = systemd.recv(&mut buf).unwrap();
+        let text = std::str::from_utf8(&buf[..n]).unwrap();
+        assert_eq!(text, format!("READY=1\nMAINPID={}\n", std::process::id()));
     }
 }

@@ -94,9 +94,10 @@ impl Inherited {
     }
 
     /// Tells the predecessor this process has started and serves: it then stops accepting.
-    /// Sockets not taken are closed here.
+    /// Sockets not taken are closed here. Tells systemd too, when it started the service.
     pub(crate) fn ready(mut self) {
         self.sockets.clear();
+        super::notify_systemd();
         if let Some(mut channel) = self.channel.take() {
             if let Err(err) = channel.write_all(b"ready\n") {
                 tracing::error!(%err, "cannot tell the running gateway this one is ready");
