@@ -336,6 +336,8 @@ async fn assert_handed_over(
     upstream: &ScriptedUpstream,
     run: &Run,
 ) -> Successor {
+    // Guarded first: a failed assertion below must not leave it running.
+    let successor = run.successor.map(Successor);
     assert!(
         run.failures.is_empty(),
         "{} of {} failed: {:?}\nlog:\n{}",
@@ -345,7 +347,7 @@ async fn assert_handed_over(
         gateway.logs()
     );
     assert_eq!(run.ok, run.sent);
-    let successor = Successor(run.successor.expect("the status file names the successor"));
+    let successor = successor.expect("the status file names the successor");
     let status = gateway
         .guard()
         .wait_exit(GRACE + Duration::from_secs(2))
@@ -591,5 +593,70 @@ async fn idle_keep_alive_connections_get_their_close_on_a_response() {
         .wait_exit(GRACE + Duration::from_secs(2))
         .await;
     assert!(status.is_some_and(|s| s.success()), "{}", gateway.logs());
+    successor.stop().await;
+}
+
+#[tokio::test]
+async fn a_binary_swapped_in_at_the_start_path_is_what_the_successor_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let bin_dir = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let path = bin_dir.path().join("portcullis");
+    if std::fs::hard_link(BIN, &path).is_err() {
+        std::fs::copy(BIN, &path).unwrap();
+    }
+    let options = GatewayOptions {
+        env: vec![(
+            "XDG_RUNTIME_DIR".into(),
+            runtime.path().display().to_string(),
+        )],
+        ..Default::default()
+    };
+    let mut gateway =
+        GatewayProcess::start_with(path.to_str().unwrap(), &config(&upstream), options).await;
+    let pid = gateway.guard().pid();
+    // A deploy renames the new binary over the old path: the running process's own
+    // executable is now a deleted file. The "new binary" notes its PID, then runs.
+    let marker = bin_dir.path().join("started-from-the-new-binary");
+    let staged = bin_dir.path().join("portcullis.new");
+    std::fs::write(
+        &staged,
+        format!(
+            "#!/bin/sh\necho $$ > '{}'\nexec '{BIN}' \"$@\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, &path).unwrap();
+
+    kill("USR2", pid);
+    let mut successor = None;
+    for _ in 0..(PATIENCE.as_millis() / 20) {
+        successor = successor_of(runtime.path(), pid);
+        if successor.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let successor = Successor(successor.unwrap_or_else(|| panic!("{}", gateway.logs())));
+    let started = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(
+        started.trim(),
+        successor.0.to_string(),
+        "started from the path, anew"
+    );
+    let status = gateway
+        .guard()
+        .wait_exit(GRACE + Duration::from_secs(2))
+        .await;
+    assert!(status.is_some_and(|s| s.success()), "{}", gateway.logs());
+    let answer = crate::common::client()
+        .get(gateway.url() + "/after")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
     successor.stop().await;
 }
