@@ -660,3 +660,72 @@ async fn a_binary_swapped_in_at_the_start_path_is_what_the_successor_runs() {
     assert_eq!(answer.status(), 200);
     successor.stop().await;
 }
+
+/// Polls (bounded) until `gateway`'s log contains `text`.
+async fn wait_log(gateway: &GatewayProcess, text: &str) {
+    for _ in 0..(PATIENCE.as_millis() / 20) {
+        if gateway.logs().contains(text) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no {text:?} in the log:\n{}", gateway.logs());
+}
+
+#[tokio::test]
+async fn a_second_sigusr2_during_a_hand_over_is_refused() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let (mut gateway, runtime) = start(&upstream).await;
+    let pid = gateway.guard().pid();
+    // The successor's database accepts connections and never answers: its start-up waits.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let database = silent.local_addr().unwrap();
+    let (accepted_tx, mut accepted) = tokio::sync::mpsc::channel(16);
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+            let _ = accepted_tx.try_send(());
+        }
+    });
+    let config_path = gateway.dir().join("portcullis.toml");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(
+        &config_path,
+        format!("{text}\n[storage]\ndatabase = \"postgres://u:p@{database}/db\"\n"),
+    )
+    .unwrap();
+
+    kill("USR2", pid);
+    tokio::time::timeout(PATIENCE, accepted.recv())
+        .await
+        .expect("the successor is starting");
+    kill("USR2", pid);
+    wait_log(
+        &gateway,
+        "SIGUSR2 refused: a hand-over is already in progress",
+    )
+    .await;
+    // Its database gone, the successor fails; the old process serves on.
+    holder.abort();
+    wait_log(&gateway, "hand-over failed; this gateway keeps serving").await;
+    assert_eq!(
+        gateway
+            .logs()
+            .matches("hand-over: successor started")
+            .count(),
+        1,
+        "one successor only"
+    );
+    let status = std::fs::read_to_string(status_file(runtime.path(), pid)).unwrap();
+    assert!(status.starts_with("failed: "), "{status}");
+    let answer = crate::common::client()
+        .get(gateway.url() + "/still")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(gateway.guard().is_running());
+    let status = gateway.terminate(GRACE + Duration::from_secs(5)).await;
+    assert!(status.is_some_and(|s| s.success()));
+}
