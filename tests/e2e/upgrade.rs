@@ -141,20 +141,27 @@ struct Run {
     retried: usize,
 }
 
-/// Did the request fail before any byte of a response, on a connection the server ended
+/// Why the request failed before any byte of a response, on a connection the server ended
 /// (the cases a stock client sends a GET again for; see the module docs)?
-fn unanswered(err: &hyper_util::client::legacy::Error) -> bool {
-    let Some(hyper) = std::error::Error::source(err).and_then(|e| e.downcast_ref::<hyper::Error>())
-    else {
-        return false;
-    };
+fn unanswered(err: &hyper_util::client::legacy::Error) -> Option<&'static str> {
+    let hyper = std::error::Error::source(err).and_then(|e| e.downcast_ref::<hyper::Error>())?;
     let reset = std::error::Error::source(hyper)
         .and_then(|e| e.downcast_ref::<std::io::Error>())
         .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset);
     // h2's error type is not a dependency here; its Debug names the frame and the side.
     let debug = format!("{hyper:?}");
     let refused_after_goaway = debug.contains("GoAway(") && debug.contains("Remote");
-    hyper.is_incomplete_message() || hyper.is_canceled() || reset || refused_after_goaway
+    if refused_after_goaway {
+        Some("HTTP/2 stream refused after GOAWAY")
+    } else if reset {
+        Some("HTTP/1 connection reset")
+    } else if hyper.is_incomplete_message() {
+        Some("HTTP/1 connection closed before a response")
+    } else if hyper.is_canceled() {
+        Some("canceled")
+    } else {
+        None
+    }
 }
 
 /// Sends `GET /load?seq=N` every [`INTERVAL`] (2 of 3 over HTTP/1.1 keep-alive, 1 of 3 over
@@ -178,7 +185,7 @@ async fn open_loop(
     let mut command = None;
     let mut until = MAX_REQUESTS;
     let mut run = Run::default();
-    let retried = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let retried = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<&str, usize>::new()));
     for seq in 0..MAX_REQUESTS {
         if seq >= until {
             break;
@@ -211,8 +218,10 @@ async fn open_loop(
             let answer = tokio::time::timeout(PATIENCE, async {
                 let response = match client.request(request()).await {
                     Ok(response) => response,
-                    Err(err) if unanswered(&err) => {
-                        retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Err(err) if unanswered(&err).is_some() => {
+                        if let Some(why) = unanswered(&err) {
+                            *retried.lock().unwrap().entry(why).or_default() += 1;
+                        }
                         let fresh = Client::builder(TokioExecutor::new())
                             .http2_only(http2)
                             .build_http();
@@ -248,9 +257,10 @@ async fn open_loop(
             Err(failure) => run.failures.push(failure),
         }
     }
-    run.retried = retried.load(std::sync::atomic::Ordering::Relaxed);
+    let retried = retried.lock().unwrap().clone();
+    run.retried = retried.values().sum();
     eprintln!(
-        "open loop: {} sent, {} answered 200, {} sent again after a connection ended unanswered",
+        "open loop: {} sent, {} answered 200, {} sent again after a connection ended unanswered {retried:?}",
         run.sent, run.ok, run.retried
     );
     let output = match command {
