@@ -391,11 +391,12 @@ async fn assert_handed_over(
     successor
 }
 
-/// `portcullis upgrade --pid PID`, as an operator runs it (same user, same runtime dir).
-fn upgrade_command(pid: u32, runtime: &Path) -> std::process::Output {
+/// `portcullis upgrade --pid PID`, as an operator runs it: the same user, but not the
+/// gateway's environment (the command finds the gateway's private directory itself).
+fn upgrade_command(pid: u32) -> std::process::Output {
     Command::new(BIN)
         .args(["upgrade", "--pid", &pid.to_string(), "--timeout", "60s"])
-        .env("XDG_RUNTIME_DIR", runtime)
+        .env_remove("XDG_RUNTIME_DIR")
         .output()
         .unwrap()
 }
@@ -430,11 +431,8 @@ async fn upgrade_command_prints_the_successor_and_no_request_fails() {
     let upstream = ScriptedUpstream::start(vec![]).await;
     let (mut gateway, runtime) = start(&upstream).await;
     let pid = gateway.guard().pid();
-    let dir = runtime.path().to_path_buf();
     let (run, output) = open_loop(gateway.addr, runtime.path(), pid, move || {
-        Some(tokio::task::spawn_blocking(move || {
-            upgrade_command(pid, &dir)
-        }))
+        Some(tokio::task::spawn_blocking(move || upgrade_command(pid)))
     })
     .await;
     let successor = assert_handed_over(&mut gateway, &upstream, &run).await;
@@ -466,11 +464,8 @@ async fn a_failing_successor_leaves_the_old_process_serving() {
         text.replace("shutdown_grace", "shutdown_grease"),
     )
     .unwrap();
-    let dir = runtime.path().to_path_buf();
     let (run, output) = open_loop(gateway.addr, runtime.path(), pid, move || {
-        Some(tokio::task::spawn_blocking(move || {
-            upgrade_command(pid, &dir)
-        }))
+        Some(tokio::task::spawn_blocking(move || upgrade_command(pid)))
     })
     .await;
     let logs = gateway.logs();

@@ -164,10 +164,36 @@ fn resolve(argv0: &Path) -> PathBuf {
 /// `$XDG_RUNTIME_DIR/portcullis`, else `<temp dir>/portcullis-<uid>`; created with mode
 /// 0700, and refused unless it is a directory owned by this user that nobody else can enter.
 pub fn runtime_dir() -> Result<PathBuf, HandoverError> {
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+    private_dir(xdg, std::env::temp_dir())
+}
+
+/// [`runtime_dir`] as the process `pid` sees it: its own `XDG_RUNTIME_DIR` and `TMPDIR`,
+/// read from `/proc/PID/environ` (a shell's session often has an `XDG_RUNTIME_DIR` that a
+/// system service does not), else this process's.
+pub(crate) fn runtime_dir_of(pid: u32) -> Result<PathBuf, HandoverError> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return runtime_dir();
+    };
+    let var = |name: &[u8]| {
+        environ.split(|b| *b == 0).find_map(|entry| {
+            let value = entry.strip_prefix(name)?.strip_prefix(b"=")?;
+            Some(PathBuf::from(std::ffi::OsStr::from_bytes(value)))
+        })
+    };
+    let temp = var(b"TMPDIR")
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    private_dir(var(b"XDG_RUNTIME_DIR"), temp)
+}
+
+/// `xdg/portcullis`, else `temp/portcullis-<uid>`, created 0700 and checked.
+fn private_dir(xdg: Option<PathBuf>, temp: PathBuf) -> Result<PathBuf, HandoverError> {
     let uid = rustix::process::getuid().as_raw();
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+    let dir = match xdg {
         Some(base) if base.is_absolute() => base.join("portcullis"),
-        _ => std::env::temp_dir().join(format!("portcullis-{uid}")),
+        _ => temp.join(format!("portcullis-{uid}")),
     };
     let refuse = |reason: String| HandoverError::Directory {
         path: dir.clone(),

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{runtime_dir, HandoverError};
+use super::{runtime_dir, runtime_dir_of, HandoverError};
 
 /// How a hand-over ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +21,9 @@ pub enum Outcome {
 /// How often `portcullis upgrade` looks for the outcome.
 const POLL: Duration = Duration::from_millis(50);
 
+/// The status file of the process `pid`, in its private directory.
 fn path_for(pid: u32) -> Result<PathBuf, HandoverError> {
-    Ok(runtime_dir()?.join(format!("{pid}.status")))
+    Ok(runtime_dir_of(pid)?.join(format!("{pid}.status")))
 }
 
 // === impl Outcome ===
@@ -47,7 +48,8 @@ impl Outcome {
 
 /// Records this process's hand-over outcome (logged, not fatal, when it cannot be written).
 pub(crate) fn write(outcome: Outcome) {
-    let written = path_for(std::process::id()).and_then(|path| {
+    let written = runtime_dir().and_then(|dir| {
+        let path = dir.join(format!("{}.status", std::process::id()));
         let temp = path.with_extension("status.tmp");
         std::fs::write(&temp, outcome.to_line())
             .and_then(|()| std::fs::rename(&temp, &path))
@@ -59,8 +61,8 @@ pub(crate) fn write(outcome: Outcome) {
 }
 
 /// `portcullis upgrade --pid PID`: asks `pid` to hand over (`SIGUSR2`) and waits up to
-/// `timeout` for the outcome. Must run as the same user, with the same `XDG_RUNTIME_DIR` (or
-/// temp dir), as the gateway.
+/// `timeout` for the outcome. Must run as the gateway's user (the private directory is
+/// found from the gateway's own environment).
 pub fn upgrade(pid: u32, timeout: Duration) -> Result<Outcome, HandoverError> {
     let path = path_for(pid)?;
     match std::fs::remove_file(&path) {
