@@ -70,7 +70,10 @@ fn main() -> std::process::ExitCode {
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("portcullis: {}", report(&err));
+            let report = report(&err);
+            // A successor started by a running gateway tells it why (it keeps serving).
+            handover::report_failure(&report);
+            eprintln!("portcullis: {report}");
             std::process::ExitCode::from(2)
         }
     }

@@ -479,8 +479,9 @@ async fn a_failing_successor_leaves_the_old_process_serving() {
     let output = output.expect("the command ran");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{output:?}");
+    // The successor's own reason, naming the field, reaches the operator's command.
     assert!(
-        stderr.contains("hand-over failed") && stderr.contains("exited"),
+        stderr.contains("hand-over failed") && stderr.contains("shutdown_grease"),
         "{stderr}"
     );
     assert!(

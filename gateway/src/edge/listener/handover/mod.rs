@@ -22,7 +22,8 @@
 //!    Shutdown), then exit 0.
 //! 5. If the successor fails (configuration refused, a store that cannot be opened, an exit
 //!    or a silence of [`HANDOVER_TIMEOUT`] before `ready`), the running process keeps serving
-//!    and logs why at error; a successor still running then is killed by PID. A second
+//!    and logs why at error (a successor that cannot start writes `failed: <its error>`
+//!    first); a successor still running then is killed by PID. A second
 //!    `SIGUSR2` while a hand-over is under way is refused with a log line.
 //!
 //! The outcome is written to `<runtime dir>/<pid>.status` (`ready <successor pid>` or
@@ -39,6 +40,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub(crate) use predecessor::watch;
+pub use successor::report_failure;
 pub(crate) use successor::{receive, Inherited};
 
 /// The environment variable naming the Unix socket a successor takes its sockets from.
@@ -78,6 +80,14 @@ pub enum HandoverError {
         pid: u32,
         /// How it exited.
         status: std::process::ExitStatus,
+    },
+    /// The successor said why it cannot start.
+    #[error("successor (pid {pid}) could not start: {reason}")]
+    Failed {
+        /// Its PID.
+        pid: u32,
+        /// Its start-up error.
+        reason: String,
     },
     /// The successor closed the hand-over socket without saying it was ready.
     #[error("successor (pid {0}) gave up before it was ready; its log says why")]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
@@ -190,10 +190,15 @@ async fn converse(
         SendFlags::empty(),
     )
     .map_err(|err| HandoverError::io("passing the listening sockets")(err.into()))?;
-    let mut ready = [0u8; 6];
+    // `ready`, or `failed: <why>`: one line, bounded.
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new((&mut stream).take(4096));
     tokio::select! {
-        read = stream.read_exact(&mut ready) => match read {
-            Ok(_) if &ready == b"ready\n" => Ok(()),
+        // The line first: a successor writes why it fails just before it exits.
+        biased;
+        read = reader.read_line(&mut line) => match (read, line.strip_prefix("failed: ")) {
+            (Ok(_), None) if line == "ready\n" => Ok(()),
+            (Ok(_), Some(reason)) => Err(HandoverError::Failed { pid, reason: reason.trim_end().to_owned() }),
             _ => Err(HandoverError::NotReady(pid)),
         },
         status = child.wait() => Err(exited(status)),
