@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use portcullis_control::cli as admin_cli;
 use portcullis_gateway::config::{self, Config, LogFormat, ProcessEnv};
+use portcullis_gateway::edge::listener::handover;
 use portcullis_gateway::telemetry::fields::PlainFields;
 
 /// A faster allocator than glibc's for a proxy's many short-lived buffers: measured at about
@@ -42,6 +43,18 @@ enum Command {
         /// The file to check.
         file: Option<PathBuf>,
     },
+    /// Hand a running gateway's listening sockets to a new process started from the same
+    /// executable path and arguments (a binary upgrade or a restart that drops no
+    /// connection): sends it SIGUSR2 and waits for the outcome. Prints the successor's PID;
+    /// exits 1, saying why, if the hand-over failed (the old process then still serves).
+    Upgrade {
+        /// The running gateway's process id.
+        #[arg(long)]
+        pid: u32,
+        /// How long to wait for the successor to be serving.
+        #[arg(long, default_value = "75s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
     /// Administer tenants, keys and quotas through a running gateway's admin API (token from
     /// PORTCULLIS_ADMIN_TOKEN).
     // Boxed: its many optional flags make it much larger than the other variant.
@@ -49,11 +62,39 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything can change the working directory: what a successor is started as.
+    handover::Invocation::remember();
     let cli = Cli::parse();
+    if let Some(Command::Upgrade { pid, timeout }) = cli.command {
+        return upgrade(pid, timeout);
+    }
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("portcullis: {}", report(&err));
+            let report = report(&err);
+            // A successor started by a running gateway tells it why (it keeps serving).
+            handover::report_failure(&report);
+            eprintln!("portcullis: {report}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// `portcullis upgrade`: 0 and the successor's PID on stdout once it serves; 1 and the
+/// reason when the hand-over failed; 2 when the command itself could not run.
+fn upgrade(pid: u32, timeout: std::time::Duration) -> std::process::ExitCode {
+    match handover::status::upgrade(pid, timeout) {
+        Ok(handover::status::Outcome::Ready(successor)) => {
+            println!("{successor}");
+            eprintln!("portcullis: hand-over complete: pid {successor} serves; pid {pid} drains and exits");
+            std::process::ExitCode::SUCCESS
+        }
+        Ok(handover::status::Outcome::Failed(reason)) => {
+            eprintln!("portcullis: hand-over failed, pid {pid} still serves: {reason}");
+            std::process::ExitCode::from(1)
+        }
+        Err(err) => {
+            eprintln!("portcullis: upgrade --pid {pid}: {err}");
             std::process::ExitCode::from(2)
         }
     }
@@ -80,6 +121,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Admin(args)) = cli.command {
         admin_cli::run(*args)?;
         return Ok(());
+    }
+    if let Some(Command::Upgrade { .. }) = cli.command {
+        return Ok(()); // handled in `main`
     }
     if let Some(Command::CheckConfig { file }) = &cli.command {
         let (text, name) = match file.as_ref().or(cli.config.as_ref()) {

@@ -14,6 +14,8 @@ mod bad_input;
 mod config_errors;
 // SIGTERM drains in-flight requests; readiness flips first.
 mod shutdown;
+// Zero-downtime binary upgrade: SIGUSR2 and `portcullis upgrade --pid` hand the sockets to a successor under an open-loop load, 0 failed requests; a failing successor changes nothing.
+mod upgrade;
 // WebSocket tunnels with the stock Python websockets library: echo, caps, idle, lifetime, drain.
 mod websocket;
 // The harness itself: real Redis, real PostgreSQL with migrations, gateway on both.

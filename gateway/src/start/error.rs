@@ -33,6 +33,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The sockets of the running gateway could not be taken over.
+    #[error("hand-over: {0}")]
+    Handover(#[from] crate::edge::listener::handover::HandoverError),
     /// The idempotency store could not be built.
     #[error(transparent)]
     Idempotency(#[from] pipeline::idempotency::IdempotencyStoreError),

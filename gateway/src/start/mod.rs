@@ -31,6 +31,9 @@ pub async fn run(
     for renamed in &config.renamed {
         tracing::warn!("configuration: {renamed}");
     }
+    // A successor started by a running gateway (`edge::listener::handover`) takes its
+    // listening sockets first; a fresh start has none and binds its own.
+    let mut inherited = edge::listener::handover::receive()?;
     let metrics = telemetry::observe::install();
     telemetry::export::install(&config.telemetry)?;
     let stores = Stores::open(&config).await?;
@@ -48,14 +51,17 @@ pub async fn run(
     let redis_clients = redis_health_clients(&config)?;
     let health =
         Arc::new(Health::new(stores.db.clone(), redis_clients).with_upstreams(upstreams.clone()));
-    if config.demo.enabled {
-        upstream::demo::serve(config.demo.listen, stopped(&stop_rx))
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: config.demo.listen,
-                what: "demo.listen",
-                source,
-            })?;
+    let demo = match config.demo.enabled {
+        true => Some(bind(config.demo.listen, "demo.listen", &mut inherited).await?),
+        false => None,
+    };
+    if let Some(demo) = &demo {
+        let demo = clone_listener(demo).map_err(|source| StartError::Bind {
+            addr: config.demo.listen,
+            what: "demo.listen",
+            source,
+        })?;
+        upstream::demo::serve(demo, stopped(&stop_rx));
     }
     let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(
         upstreams
@@ -76,8 +82,21 @@ pub async fn run(
     };
     let service = stack::build(&config, parts);
 
-    let listener = bind(config.server.listen, "server.listen").await?;
-    let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+    let listener = bind(config.server.listen, "server.listen", &mut inherited).await?;
+    let admin_listener = bind(
+        config.server.admin_listen,
+        "server.admin_listen",
+        &mut inherited,
+    )
+    .await?;
+    // SIGUSR2: hand these sockets to a successor, then stop accepting and drain.
+    let handed_over = edge::listener::handover::watch(
+        &[Some(&listener), Some(&admin_listener), demo.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
+    );
+    drop(demo);
     let options = serve_options(&config, Listener::Proxy)?;
     let admin_options = serve_options(&config, Listener::Admin)?;
     ensure_descriptors(options.max_connections + admin_options.max_connections);
@@ -92,15 +111,31 @@ pub async fn run(
 
     let ops = pipeline::health::router(health.clone(), metrics);
     let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
+    // Handed over: the admin listener stops accepting at once too (the successor answers
+    // `/readyz` on the same socket); on a plain shutdown it keeps saying "draining".
+    let admin_stop = {
+        let (stopped, handed) = (stopped(&stop_rx), handed_over.wait());
+        async move {
+            tokio::select! {
+                () = stopped => {},
+                () = handed => {},
+            }
+        }
+    };
     let admin = tokio::spawn(admin::serve(
         admin_listener,
         admin_app,
         admin_options,
-        stopped(&stop_rx),
+        admin_stop,
     ));
+    // Started: a predecessor that handed its sockets over stops accepting now.
+    inherited.ready();
+    let handed = handed_over.wait();
     edge::listener::serve_workers(listener, service, options, workers, async move {
-        shutdown.await;
-        tracing::info!("shutdown requested");
+        tokio::select! {
+            () = shutdown => tracing::info!("shutdown requested"),
+            () = handed => tracing::info!("handed over to the successor; draining"),
+        }
         health.start_draining();
     })
     .await;
@@ -261,8 +296,23 @@ fn ensure_descriptors(connections: usize) {
     }
 }
 
-async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, StartError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { addr, what, source })
+/// The listening socket for `addr`: the one a predecessor handed over, else a new one.
+async fn bind(
+    addr: SocketAddr,
+    what: &'static str,
+    inherited: &mut edge::listener::handover::Inherited,
+) -> Result<tokio::net::TcpListener, StartError> {
+    let bound = match inherited.take(addr) {
+        Some(socket) => tokio::net::TcpListener::from_std(socket),
+        None => tokio::net::TcpListener::bind(addr).await,
+    };
+    bound.map_err(|source| StartError::Bind { addr, what, source })
+}
+
+/// A second handle on a listening socket (the demo upstream serves one, the hand-over
+/// passes the other).
+fn clone_listener(listener: &tokio::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    use std::os::fd::AsFd;
+    let socket = std::net::TcpListener::from(listener.as_fd().try_clone_to_owned()?);
+    tokio::net::TcpListener::from_std(socket)
 }

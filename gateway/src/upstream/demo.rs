@@ -7,7 +7,6 @@
 //! - `GET /demo/flaky` answers 503 + `Retry-After: 1` on every other call, to watch retries;
 //! - `GET /demo/stream` streams five chunks.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,13 +42,14 @@ pub fn router() -> Router {
         .with_state(Arc::new(DemoState::default()))
 }
 
-/// Binds `addr` and serves the demo until `shutdown` resolves.
-pub async fn serve(
-    addr: SocketAddr,
+/// Serves the demo on `listener` until `shutdown` resolves.
+pub fn serve(
+    listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "demo upstream listening");
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "demo upstream listening");
+    }
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, router())
             .with_graceful_shutdown(shutdown)
@@ -58,7 +58,6 @@ pub async fn serve(
             tracing::warn!(%err, "demo upstream stopped");
         }
     });
-    Ok(())
 }
 
 async fn list_orders(State(state): State<Arc<DemoState>>) -> Json<Value> {

@@ -61,6 +61,8 @@ pub struct Activity {
     in_flight: AtomicUsize,
     /// A request has been received on this connection.
     served: AtomicBool,
+    /// The listener is shutting down: HTTP/1 responses say `Connection: close`.
+    draining: AtomicBool,
     /// When the connection last became idle (no request in flight).
     idle_since_ms: AtomicU64,
     /// 1 + when the head now arriving in part started; 0 when none is.
@@ -104,6 +106,7 @@ impl Activity {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
             served: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(0),
             write_blocked_since_ms: AtomicU64::new(0),
@@ -130,6 +133,11 @@ impl Activity {
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         Busy(self.clone())
+    }
+
+    /// The listener drains: responses from now on close the connection (HTTP/1).
+    pub(crate) fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// The framing guard holds the start of a head that is not complete yet.
@@ -237,6 +245,13 @@ impl Activity {
 }
 
 // === impl Busy ===
+
+impl Busy {
+    /// Is the request's connection draining (its response should close it)?
+    pub(crate) fn draining(&self) -> bool {
+        self.0.draining.load(Ordering::Relaxed)
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {

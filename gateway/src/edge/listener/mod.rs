@@ -34,8 +34,16 @@
 //! # Shutdown
 //!
 //! On shutdown the listener stops accepting, asks every connection to finish gracefully
-//! (HTTP/1: close after the response in flight; HTTP/2: GOAWAY; a WebSocket tunnel: a close
-//! frame, 1001), and waits for them within `server.shutdown_grace`.
+//! (HTTP/2: GOAWAY; a WebSocket tunnel: a close frame, 1001), and waits for them within
+//! `server.shutdown_grace`. HTTP/1 connections drain as Envoy drains them: every response
+//! from then on says `Connection: close`, and a connection still idle after a short linger
+//! (`watchdog`, 1 s) is closed, so a client that was about to reuse it gets the close on a
+//! response rather than on a request it just sent. The linger narrows, but cannot remove,
+//! the race with a client that writes on an idle connection at the very moment it closes
+//! (nginx has the same); stock clients retry a request that fails before any byte of it
+//! was written on a reused connection.
+//!
+//! The listening sockets themselves can be handed to a successor process ([`handover`]).
 //!
 //! # Upgrades
 //!
@@ -48,6 +56,7 @@
 
 mod accept;
 pub(crate) mod activity;
+pub mod handover;
 mod service;
 mod sniff;
 mod stream;

@@ -140,8 +140,13 @@ impl Future for Serving {
         }
         if let Some(value) = this.keep_alive.take().filter(|_| !switching) {
             // Tell clients when the gateway closes an idle connection, so they close
-            // (or stop reusing it) first and never race the close.
-            if !response.headers().contains_key(header::CONNECTION) {
+            // (or stop reusing it) first and never race the close; while the listener
+            // drains, that it closes after this response (hyper then does).
+            if this.in_flight.as_ref().is_some_and(Busy::draining) {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            } else if !response.headers().contains_key(header::CONNECTION) {
                 response.headers_mut().insert("keep-alive", value);
             }
         }

@@ -32,6 +32,11 @@ use super::{closed, Listener};
 /// for the client to acknowledge a PING that a silent client never sends.
 const IDLE_CLOSE_BOUND: Duration = Duration::from_secs(1);
 
+/// How long an HTTP/1 connection may stay open once the listener drains, for the client to
+/// receive a `Connection: close` response instead of a close while it may be sending (as
+/// Envoy's drain period does; nginx closes idle connections at once).
+const DRAIN_LINGER: Duration = Duration::from_secs(1);
+
 /// What the watchdog does after reading the connection's deadline.
 #[derive(Debug, PartialEq, Eq)]
 enum Check {
@@ -101,6 +106,24 @@ impl Listener {
                 Check::Expired(Expiry::Idle) => break "idle",
             }
         };
+        if why == "shutdown" {
+            activity.drain();
+            if C::LINGERS {
+                // HTTP/1: responses now say `Connection: close`; a connection that has not
+                // closed itself by the end of the linger is closed (gracefully, after the
+                // response in flight if there is one).
+                tokio::select! {
+                    biased;
+                    result = connection.as_mut() => {
+                        if let Err(err) = result {
+                            tracing::debug!(%err, %peer, "connection ended with an error");
+                        }
+                        return;
+                    }
+                    () = tokio::time::sleep(DRAIN_LINGER.min(self.options.shutdown_grace / 2)) => {}
+                }
+            }
+        }
         connection.as_mut().graceful_shutdown();
         if why == "shutdown" {
             // The listener's grace period bounds this.
@@ -118,6 +141,9 @@ impl Listener {
 /// gracefully. (hyper-util's `GracefulConnection` does not cover HTTP/1 connections that
 /// allow upgrades, which the HTTP/1 listener serves.)
 pub(super) trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    /// Drains by lingering with `Connection: close` responses (HTTP/1) rather than at once.
+    const LINGERS: bool = false;
+
     /// Finish the request in flight (HTTP/1) or send GOAWAY (HTTP/2), then close.
     fn graceful_shutdown(self: Pin<&mut Self>);
 }
@@ -130,6 +156,8 @@ where
     B: Body + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    const LINGERS: bool = true;
+
     fn graceful_shutdown(self: Pin<&mut Self>) {
         http1::UpgradeableConnection::graceful_shutdown(self);
     }
