@@ -155,6 +155,7 @@ mod headers;
 mod layer;
 mod metrics;
 mod policy;
+mod schedule;
 mod service;
 mod upstream;
 mod window;
@@ -174,6 +175,10 @@ pub use self::{
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
+    schedule::{
+        DeadReason, DeliverySchedule, NextDelivery, ScheduleError, DEFAULT_MAX_RETRIES,
+        DEFAULT_SCHEDULE, MAX_AGE_CAP, MAX_RETRIES_RANGE,
+    },
     service::Retry,
     upstream::{
         adaptive::{
