@@ -114,3 +114,5 @@ mod upstream_discovery;
 mod upstream_pool;
 // Routing by host, method, headers and path (exact > pattern > prefix), 405, rewrite, per-route timeout, odd spellings.
 mod routing;
+// Inbound signatures (hmac-sha256, stripe, standard-webhooks): valid forwarded byte for byte; forged, stale, missing → 401, never forwarded, no rate-limit token spent.
+mod inbound_signatures;

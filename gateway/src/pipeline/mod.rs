@@ -19,5 +19,6 @@ pub mod rescue;
 pub(crate) mod resolve;
 pub mod router;
 pub mod shed;
+pub(crate) mod signature;
 pub mod tenant;
 pub(crate) mod websocket;

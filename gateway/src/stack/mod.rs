@@ -40,6 +40,7 @@ use crate::pipeline::rescue::RescueLayer;
 use crate::pipeline::resolve::Resolve;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::shed::LoadShed;
+use crate::pipeline::signature::SignatureLayer;
 use crate::pipeline::websocket::WebSocketCaps;
 use crate::plumbing::client::TrustedProxies;
 use crate::plumbing::context::RequestContext;
@@ -136,6 +137,7 @@ where
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
         .layer(StepLayer::new(WebSocketCaps::new(config))) // WebSocket handshakes on a route with websocket = true: route and tenant max_websockets → 429 at once; the slots ride to the tunnel
+        .layer(SignatureLayer::new(Arc::new(SystemWallClock))) // routes with verify: body read whole (max_body_bytes), HMAC checked in constant time; missing, forged or stale → 401 before any rate-limit token is spent
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),
