@@ -171,7 +171,8 @@ pub use self::{
     error::{FailureKind, RetryError, UpstreamFailure},
     handoff::{FindHandoff, Handoff},
     headers::{
-        IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
+        parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT,
+        X_RETRY_EXHAUSTED,
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},

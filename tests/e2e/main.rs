@@ -116,3 +116,5 @@ mod upstream_pool;
 mod routing;
 // Inbound signatures (hmac-sha256, stripe, standard-webhooks): valid forwarded byte for byte; forged, stale, missing → 401, never forwarded, no rate-limit token spent.
 mod inbound_signatures;
+// Asynchronous routes on SQLite: 202 before delivery, dedupe, the retry schedule from the upstream's timestamps, dead letters, SIGKILL and restart.
+mod async_delivery;

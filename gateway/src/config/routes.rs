@@ -146,6 +146,12 @@ fn route(
         websocket: websocket(path, r, upstreams.get(upstream), issues),
         delivery: r.delivery.as_ref().and_then(|raw| {
             let settings = delivery::delivery(&format!("{path}.delivery"), raw, issues)?;
+            if r.idempotency.is_some() {
+                issues.push(
+                    format!("{path}.idempotency"),
+                    "an asynchronous route dedupes with delivery.dedupe (\"idempotency-key\" by default)",
+                );
+            }
             if r.websocket {
                 issues.push(
                     format!("{path}.delivery.mode"),

@@ -169,6 +169,8 @@ pub struct StorageSettings {
     pub postgres_pool_size: Option<u32>,
     /// Messages of asynchronous routes.
     pub queue: super::backend::QueueBackend,
+    /// `queue` as the queue crate connects to it (it may hold a password).
+    pub queue_url: Secret,
 }
 
 /// What the rate limiter does when the state store fails.

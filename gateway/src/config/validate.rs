@@ -268,6 +268,12 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         }),
         None => QueueBackend::default_for(&database),
     };
+    let queue_url = match (&raw.queue, &queue) {
+        (Some(text), _) => Secret::new(text),
+        (None, QueueBackend::Sqlite(path)) => Secret::new(&format!("sqlite://{}", path.display())),
+        (None, QueueBackend::Postgres(url)) => Secret::new(url),
+        (None, _) => Secret::new(""),
+    };
     issues.range(
         "storage.memory_max_bytes",
         raw.memory_max_bytes,
@@ -300,6 +306,7 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         state_timeout: raw.state_timeout.get(),
         postgres_pool_size: raw.postgres_pool_size,
         queue,
+        queue_url,
     }
 }
 

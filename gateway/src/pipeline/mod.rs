@@ -9,6 +9,7 @@ pub(crate) mod auth_failures;
 pub(crate) mod buffer;
 pub(crate) mod concurrency;
 pub(crate) mod cors;
+pub(crate) mod deliveries;
 pub(crate) mod fair_share;
 pub(crate) mod health;
 pub mod idempotency;

@@ -113,6 +113,14 @@ fn delivery_refusals_name_their_field() {
     }
 }
 
+#[test]
+fn an_async_route_dedupes_with_delivery_not_idempotency() {
+    let text = route("delivery = { mode = \"async\" }\nidempotency = { require_key = true }");
+    assert_eq!(invalid_paths(&text), ["routes[0].idempotency"]);
+    let text = route("delivery = { mode = \"async\" }\nwebsocket = true");
+    assert_eq!(invalid_paths(&text), ["routes[0].delivery.mode"]);
+}
+
 fn secret_env() -> HashMap<String, String> {
     HashMap::from([
         (
