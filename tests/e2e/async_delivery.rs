@@ -349,3 +349,159 @@ async fn a_gateway_killed_after_the_202_delivers_once_restarted() {
     );
     gate.open();
 }
+
+const ADMIN_TOKEN: &str = "e2e-admin-token-for-deliveries";
+
+async fn admin(
+    gateway: &GatewayProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut request = client()
+        .request(method, format!("{}/admin/v1{path}", gateway.admin_url()))
+        .bearer_auth(ADMIN_TOKEN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+async fn until_state(gateway: &GatewayProcess, id: &str, state: &str) {
+    for _ in 0..300 {
+        let (_, json) = admin(
+            gateway,
+            reqwest::Method::GET,
+            &format!("/deliveries/{id}"),
+            None,
+        )
+        .await;
+        if json["state"] == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("delivery {id} never {state}");
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_inspected_replayed_and_purged_with_an_audit_trail() {
+    // Two 400s: both messages die at once; every later attempt succeeds.
+    let upstream = ScriptedUpstream::start_with_fallback(
+        vec![Step::status(400), Step::status(400)],
+        Step::ok("ok"),
+    )
+    .await;
+    let options = GatewayOptions {
+        env: vec![("PORTCULLIS_ADMIN_TOKEN".into(), ADMIN_TOKEN.into())],
+        ..GatewayOptions::default()
+    };
+    let gateway = GatewayProcess::start_with(BIN, &config(&upstream, "", ""), options).await;
+    let (one, _) = accept(&gateway, &[("x-api-key", "key-acme-0001")], "first").await;
+    until_state(&gateway, &one, "dead").await;
+    let (two, _) = accept(&gateway, &[], "second").await;
+    until_state(&gateway, &two, "dead").await;
+
+    let (code, list) = admin(
+        &gateway,
+        reqwest::Method::GET,
+        "/deliveries?state=dead&queue=hooks",
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
+    let (_, only_acme) = admin(
+        &gateway,
+        reqwest::Method::GET,
+        "/deliveries?state=dead&tenant=acme",
+        None,
+    )
+    .await;
+    assert_eq!(
+        only_acme["items"].as_array().map(Vec::len),
+        Some(1),
+        "{only_acme}"
+    );
+    let (_, inspected) = admin(
+        &gateway,
+        reqwest::Method::GET,
+        &format!("/deliveries/{one}"),
+        None,
+    )
+    .await;
+    assert_eq!(inspected["body"], "first");
+    assert_eq!(inspected["attempts"][0]["status"], 400, "{inspected}");
+    assert!(inspected["reason"].as_str().unwrap().contains("400"));
+    assert!(
+        !inspected.to_string().contains("key-acme-0001"),
+        "a credential was stored: {inspected}"
+    );
+
+    // Replay one: delivered with the same Idempotency-Key as its first attempt.
+    let (code, _) = admin(
+        &gateway,
+        reqwest::Method::POST,
+        &format!("/deliveries/{one}/replay"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    until_state(&gateway, &one, "delivered").await;
+    let keys: Vec<String> = upstream
+        .hits()
+        .iter()
+        .filter(|h| &h.body[..] == b"first")
+        .map(|h| header(h, "idempotency-key").to_owned())
+        .collect();
+    assert_eq!(keys, [format!("delivery-{one}"), format!("delivery-{one}")]);
+    // A pending or delivered message cannot be replayed twice at once… a delivered one can.
+    // Bulk replay of what is left dead: the second message.
+    let (code, bulk) = admin(
+        &gateway,
+        reqwest::Method::POST,
+        "/deliveries/replay",
+        Some(serde_json::json!({"state": "dead", "queue": "hooks"})),
+    )
+    .await;
+    assert_eq!(code, 200, "{bulk}");
+    assert_eq!(bulk["replayed"], 1, "{bulk}");
+    until_state(&gateway, &two, "delivered").await;
+
+    // Purge: gone.
+    let (code, _) = admin(
+        &gateway,
+        reqwest::Method::DELETE,
+        &format!("/deliveries/{two}"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 204);
+    let (code, _) = admin(
+        &gateway,
+        reqwest::Method::GET,
+        &format!("/deliveries/{two}"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 404);
+
+    let (_, audit) = admin(&gateway, reqwest::Method::GET, "/audit?limit=50", None).await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .or_else(|| audit["entries"].as_array())
+        .map(|items| items.iter().filter_map(|e| e["action"].as_str()).collect())
+        .unwrap_or_default();
+    for action in ["delivery.replay", "delivery.replay_many", "delivery.purge"] {
+        assert!(actions.contains(&action), "{action} not audited: {audit}");
+    }
+    // Without the token, nothing.
+    let response = client()
+        .get(format!("{}/admin/v1/deliveries", gateway.admin_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+}

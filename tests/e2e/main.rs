@@ -118,3 +118,5 @@ mod routing;
 mod inbound_signatures;
 // Asynchronous routes on SQLite: 202 before delivery, dedupe, the retry schedule from the upstream's timestamps, dead letters, SIGKILL and restart.
 mod async_delivery;
+// deploy/prometheus/portcullis-alerts.yml passes `promtool check rules` (dead letters, oldest pending message).
+mod alert_rules;

@@ -84,6 +84,7 @@ pub async fn run(
         };
         pipeline::deliveries::worker::spawn(table.routes(), &parts, &stop_rx);
     }
+    let parts_deliveries = deliveries.clone();
     let parts = stack::StackParts {
         deliveries,
         upstreams,
@@ -109,7 +110,13 @@ pub async fn run(
     banner::print(&config);
 
     let ops = pipeline::health::router(health.clone(), metrics);
-    let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
+    let admin_app = admin::router(
+        &config,
+        &stores,
+        admin_upstreams,
+        ops,
+        parts_deliveries.as_ref(),
+    );
     let admin = tokio::spawn(admin::serve(
         admin_listener,
         admin_app,
