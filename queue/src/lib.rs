@@ -139,11 +139,15 @@ pub trait Queue: Send + Sync + 'static {
     /// The message with its payload and history; `None` when absent.
     async fn get(&self, id: &DeliveryId) -> Result<Option<Message>, QueueError>;
 
-    /// A page of message summaries matching `filter`, oldest enqueue first.
+    /// A page of message summaries matching `filter`, oldest enqueue first (Redis without a
+    /// queue filter: queue by queue). A page may hold fewer than `filter.limit` rows while
+    /// [`Page::next`] is present: each call scans a bounded number of entries.
     async fn list(&self, filter: &ListFilter) -> Result<Page, QueueError>;
 
     /// Makes a delivered or dead message pending again, due now, with its history kept and
-    /// any earlier token refused. [`QueueError::StillPending`] for a pending message.
+    /// any earlier token refused. The next lease counts attempts and age from the replay
+    /// ([`Leased::attempts`], [`Leased::age`]), so the message gets a fresh schedule.
+    /// [`QueueError::StillPending`] for a pending message.
     async fn replay(&self, id: &DeliveryId) -> Result<(), QueueError>;
 
     /// Removes the message in any state; returns whether it existed. Its dedupe record

@@ -74,14 +74,18 @@ pub struct Leased {
     /// Fencing token to present to `delivered`/`retry_at`/`dead`; a later lease of the same
     /// message gets a greater one and the earlier token is refused from then on.
     pub token: u64,
-    /// Attempts recorded so far (not counting the one about to be made).
+    /// Attempts recorded since the message last entered the queue (its enqueue, or its
+    /// latest [`replay`](crate::Queue::replay)), not counting the one about to be made: a
+    /// replay starts a fresh schedule. [`Message::attempts`] keeps the whole history.
     pub attempts: u32,
-    /// Times the message has been leased, this lease included (more than `attempts + 1`
-    /// when a consumer died or lost its lease without recording an attempt).
+    /// Times the message has been leased since it last entered the queue, this lease
+    /// included (more than `attempts + 1` when a consumer died or lost its lease without
+    /// recording an attempt).
     pub leases: u32,
     /// First enqueue, Unix milliseconds on the engine's clock.
     pub enqueued_at_ms: i64,
-    /// Time since the first enqueue, on the engine's clock (for the schedule's total cap).
+    /// Time since the message last entered the queue (enqueue or latest replay), on the
+    /// engine's clock: what the schedule's total cap (`max_age`) is measured against.
     pub age: Duration,
     /// The queue it was leased from.
     pub queue: String,

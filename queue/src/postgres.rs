@@ -78,6 +78,8 @@ CREATE TABLE IF NOT EXISTS queue_messages (
     token         BIGINT NOT NULL DEFAULT 0,
     leases        BIGINT NOT NULL DEFAULT 0,
     attempt_count BIGINT NOT NULL DEFAULT 0,
+    cycle_at      BIGINT,
+    cycle_base    BIGINT NOT NULL DEFAULT 0,
     attempts      TEXT NOT NULL DEFAULT '[]',
     reason        TEXT
 );
@@ -388,7 +390,9 @@ impl Queue for PostgresQueue {
         self.bounded(async {
             let done = sqlx::query(concat!(
                 "UPDATE queue_messages SET state = 0, lease_until = NULL, token = token + 1, \
-                 due_at = ",
+                 leases = 0, cycle_base = attempt_count, cycle_at = ",
+                now!(),
+                ", due_at = ",
                 now!(),
                 ", updated_at = ",
                 now!(),

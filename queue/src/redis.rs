@@ -366,13 +366,14 @@ impl Queue for RedisQueue {
             let body: Vec<u8> = field(f, 10)?;
             let enqueued_at_ms: i64 = field(f, 4)?;
             let now: i64 = field(f, 11)?;
+            let cycle_at: i64 = field(f, 12)?;
             out.push(Leased {
                 id: DeliveryId::from_stored(format!("{tag}{uuid}")),
                 token: field(f, 1)?,
                 attempts: u32::try_from(field::<i64>(f, 2)?).unwrap_or(u32::MAX),
                 leases: u32::try_from(field::<i64>(f, 3)?).unwrap_or(u32::MAX),
                 enqueued_at_ms,
-                age: from_millis(now.saturating_sub(enqueued_at_ms)),
+                age: from_millis(now.saturating_sub(cycle_at)),
                 queue: field(f, 5)?,
                 tenant: field(f, 6)?,
                 method: field(f, 7)?,

@@ -9,9 +9,10 @@ use crate::error::QueueError;
 use crate::message::{from_millis, Attempt, DeliveryId, Leased, Message, State, Summary};
 
 /// Columns of a leased message, in [`leased`]'s order; the statement appends the engine's
-/// clock as a twelfth column.
-pub(crate) const LEASED_COLUMNS: &str =
-    "id, token, attempt_count, leases, enqueued_at, queue, tenant, method, path, headers, body";
+/// clock as a thirteenth column. Attempts and age count from the message's last entry into
+/// the queue (`cycle_at`, `cycle_base`: set by a replay), so a replay starts a fresh schedule.
+pub(crate) const LEASED_COLUMNS: &str = "id, token, attempt_count - cycle_base, leases, \
+     enqueued_at, queue, tenant, method, path, headers, body, COALESCE(cycle_at, enqueued_at)";
 
 /// Columns of a whole message, in [`message`]'s order.
 pub(crate) const MESSAGE_COLUMNS: &str = "id, queue, tenant, state, method, path, headers, body, \
@@ -42,7 +43,8 @@ where
     for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
 {
     let enqueued_at_ms: i64 = get(row, 4)?;
-    let now: i64 = get(row, 11)?;
+    let cycle_at: i64 = get(row, 11)?;
+    let now: i64 = get(row, 12)?;
     let headers: Vec<u8> = get(row, 9)?;
     let body: Vec<u8> = get(row, 10)?;
     Ok(Leased {
@@ -51,7 +53,7 @@ where
         attempts: u32::try_from(get::<_, i64>(row, 2)?).unwrap_or(u32::MAX),
         leases: u32::try_from(get::<_, i64>(row, 3)?).unwrap_or(u32::MAX),
         enqueued_at_ms,
-        age: from_millis(now.saturating_sub(enqueued_at_ms)),
+        age: from_millis(now.saturating_sub(cycle_at)),
         queue: get(row, 5)?,
         tenant: get(row, 6)?,
         method: get(row, 7)?,

@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS queue_messages (
     token         INTEGER NOT NULL DEFAULT 0,
     leases        INTEGER NOT NULL DEFAULT 0,
     attempt_count INTEGER NOT NULL DEFAULT 0,
+    cycle_at      INTEGER,
+    cycle_base    INTEGER NOT NULL DEFAULT 0,
     attempts      TEXT NOT NULL DEFAULT '[]',
     reason        TEXT
 );
@@ -361,7 +363,9 @@ impl Queue for SqliteQueue {
         self.bounded(async {
             let done = sqlx::query(concat!(
                 "UPDATE queue_messages SET state = 0, lease_until = NULL, token = token + 1, \
-                 due_at = ",
+                 leases = 0, cycle_base = attempt_count, cycle_at = ",
+                now!(),
+                ", due_at = ",
                 now!(),
                 ", updated_at = ",
                 now!(),

@@ -38,9 +38,11 @@ local function take(sid, id)
   redis.call('HSET', h, 'due', now + lease, 'lease', now + lease, 'upd', now)
   redis.call('ZADD', KEYS[3], now + lease, id)
   local m = redis.call('HMGET', h, 'natt', 'enq', 'queue', 'tenant', 'method', 'path',
-    'headers', 'body')
-  out[#out + 1] = {id, token, tonumber(m[1]), leases, tonumber(m[2]), m[3], m[4], m[5], m[6],
-    m[7], m[8], now}
+    'headers', 'body', 'base', 'cyc')
+  -- Attempts and age count from the last entry into the queue (enqueue or replay).
+  local attempts = tonumber(m[1]) - (tonumber(m[9]) or 0)
+  out[#out + 1] = {id, token, attempts, leases, tonumber(m[2]), m[3], m[4], m[5], m[6],
+    m[7], m[8], now, tonumber(m[10]) or tonumber(m[2])}
 end
 
 -- 2. Messages whose lease ended, then new entries.
