@@ -440,6 +440,28 @@ async fn dead_letters_are_listed_inspected_replayed_and_purged_with_an_audit_tra
         "a credential was stored: {inspected}"
     );
 
+    // The CLI reads the same listing.
+    let cli = std::process::Command::new(BIN)
+        .args([
+            "admin",
+            "--url",
+            &gateway.admin_url(),
+            "deliveries",
+            "list",
+            "--state",
+            "dead",
+            "--tenant",
+            "acme",
+        ])
+        .env("PORTCULLIS_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success() && printed.contains(&one) && !printed.contains(&two),
+        "{printed}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
     // Replay one: delivered with the same Idempotency-Key as its first attempt.
     let (code, _) = admin(
         &gateway,

@@ -83,6 +83,7 @@ pub async fn run(
             clock: Arc::new(portcullis_retry::SystemWallClock),
         };
         pipeline::deliveries::worker::spawn(table.routes(), &parts, &stop_rx);
+        pipeline::deliveries::worker::spawn_sweeper(deliveries.clone(), stop_rx.clone());
     }
     let parts_deliveries = deliveries.clone();
     let parts = stack::StackParts {

@@ -144,12 +144,34 @@ pub struct RawDelivery {
     /// How long a dedupe record is kept (≥ 7 d).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedupe_window: Option<HumanDuration>,
-    /// Deliveries started per second on this route's queue, at most.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Deliveries started per second on this route's queue, at most (`50` or `2.5`).
+    #[serde(
+        default,
+        deserialize_with = "number",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_rate: Option<f64>,
     /// Deliveries of this route's queue in flight at once, at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+}
+
+/// An optional number written as an integer or a float.
+fn number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(i64),
+        Float(f64),
+    }
+    Ok(
+        Option::<Number>::deserialize(deserializer)?.map(|n| match n {
+            // Rates are far below 2^53: the conversion is exact.
+            #[allow(clippy::cast_precision_loss)]
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }),
+    )
 }
 
 /// `verify = { … }` on a route.

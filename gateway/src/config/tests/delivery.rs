@@ -43,6 +43,12 @@ fn short_schedules_and_dedupe_sources_are_accepted() {
         DedupeSource::Header(http::HeaderName::from_static("x-github-delivery"))
     );
     assert_eq!(d.max_rate, Some(2.5));
+    let int_rate = route(r#"delivery = { mode = "async", max_rate = 50 }"#);
+    let config = Config::parse(&int_rate, &env()).unwrap();
+    assert_eq!(
+        config.routes[0].delivery.as_ref().unwrap().max_rate,
+        Some(50.0)
+    );
     let json = route(r#"delivery = { mode = "async", dedupe = "json:/data/id" }"#);
     let config = Config::parse(&json, &env()).unwrap();
     assert_eq!(

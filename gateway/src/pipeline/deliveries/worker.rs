@@ -65,6 +65,29 @@ pub(crate) struct WorkerParts {
     pub(crate) clock: Arc<dyn WallClock>,
 }
 
+/// How often delivered messages past their retention (and expired dedupe records) are
+/// removed, and how many at most each time.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+const SWEEP_BATCH: usize = 1000;
+
+/// Spawns the sweeper: every minute, one bounded batch of delivered messages older than
+/// `portcullis_queue::DEFAULT_RETENTION` and of expired dedupe records is removed.
+pub(crate) fn spawn_sweeper(deliveries: Arc<Deliveries>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        while !*stop.borrow() {
+            pause(SWEEP_EVERY, &mut stop).await;
+            let sweep = deliveries
+                .queue
+                .sweep(portcullis_queue::DEFAULT_RETENTION, SWEEP_BATCH);
+            match sweep.await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(removed = n, "delivery queue swept"),
+                Err(err) => tracing::warn!(error = %err, "delivery queue sweep failed"),
+            }
+        }
+    });
+}
+
 /// Spawns one worker per asynchronous route in `routes`; each stops when `stop` says so.
 pub(crate) fn spawn(routes: &[Arc<Route>], parts: &WorkerParts, stop: &watch::Receiver<bool>) {
     for route in routes {
