@@ -120,3 +120,5 @@ mod inbound_signatures;
 mod async_delivery;
 // deploy/prometheus/portcullis-alerts.yml passes `promtool check rules` (dead letters, oldest pending message).
 mod alert_rules;
+// Asynchronous routes on PostgreSQL (scripts/test.sh) and Redis (a private redis-server); a queue that goes away → 503.
+mod async_delivery_engines;
