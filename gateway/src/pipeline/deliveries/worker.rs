@@ -330,7 +330,7 @@ impl Worker {
                     queue,
                     tenant = message.tenant.as_deref().unwrap_or("anonymous"),
                     dependency = self.dependency(),
-                    attempts = message.attempts + u32::from(true),
+                    attempts = message.attempts.saturating_add(1),
                     idempotency_key = key,
                     reason,
                     "delivery dead-lettered"
