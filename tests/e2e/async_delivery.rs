@@ -526,3 +526,25 @@ async fn dead_letters_are_listed_inspected_replayed_and_purged_with_an_audit_tra
         .unwrap();
     assert_eq!(response.status(), 401);
 }
+
+#[tokio::test]
+async fn the_status_url_counts_bad_credentials_against_the_address() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("done")).await;
+    let text = config(
+        &upstream,
+        "",
+        "[auth]\nfailure_limit = 2\nfailure_window = \"1h\"\n",
+    );
+    let gateway = GatewayProcess::start(BIN, &text).await;
+    let (id, _) = accept(&gateway, &[("x-api-key", "key-acme-0001")], "mine").await;
+    // Guessing keys on the status URL: two wrong ones are 401s…
+    for _ in 0..2 {
+        assert_eq!(
+            status_of(&gateway, &id, Some("key-guessed-0001")).await.0,
+            401
+        );
+    }
+    // …then the address's credentials are refused unchecked, the right one included.
+    let (code, json) = status_of(&gateway, &id, Some("key-acme-0001")).await;
+    assert_eq!(code, 429, "{json}");
+}

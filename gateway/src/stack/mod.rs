@@ -126,6 +126,7 @@ where
             parts.directory.clone(),
             jwt.clone(),
             trusted.clone(),
+            failures.clone(),
         )) // GET /_portcullis/deliveries/{id}: an accepted request's status, to the caller who sent it (else 404)
         .layer(StepLayer::new(
             Resolve::new(

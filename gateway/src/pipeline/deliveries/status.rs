@@ -1,6 +1,7 @@
 //! `GET /_portcullis/deliveries/{id}` on the proxy listener: the status of an accepted
 //! request, for the caller who sent it. The caller is resolved as for any request (API key,
-//! bearer JWT; a bad credential is the usual 401); a tenant reads its own tenant's messages,
+//! bearer JWT; a bad credential is the usual 401, counted against the address's
+//! `auth.failure_limit`, past which credentials are refused unchecked); a tenant reads its own tenant's messages,
 //! an anonymous caller those it sent from the same client address. Anything else, like an
 //! unknown id, is a 404, so ids cannot be probed. No payload and no header is shown.
 //!
@@ -19,6 +20,7 @@ use portcullis_queue::{AttemptOutcome, DeliveryId, Message};
 use tower::{Layer, Service};
 
 use super::{Deliveries, STATUS_PREFIX, STORED_CLIENT};
+use crate::pipeline::auth_failures::{self, AuthFailures};
 use crate::pipeline::jwt::JwtAuth;
 use crate::pipeline::tenant;
 use crate::plumbing::client::{PeerAddr, TrustedProxies};
@@ -35,6 +37,7 @@ struct Shared {
     directory: Arc<Directory>,
     jwt: Option<Arc<JwtAuth>>,
     trusted: Arc<TrustedProxies>,
+    failures: Option<Arc<AuthFailures>>,
 }
 
 impl StatusLayer {
@@ -44,6 +47,7 @@ impl StatusLayer {
         directory: Arc<Directory>,
         jwt: Option<Arc<JwtAuth>>,
         trusted: Arc<TrustedProxies>,
+        failures: Option<Arc<AuthFailures>>,
     ) -> Self {
         Self {
             shared: deliveries.map(|deliveries| {
@@ -52,6 +56,7 @@ impl StatusLayer {
                     directory,
                     jwt,
                     trusted,
+                    failures,
                 })
             }),
         }
@@ -115,11 +120,27 @@ where
             .get::<PeerAddr>()
             .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |p| p.0.ip());
         let client = shared.trusted.resolve(peer, request.headers());
-        let caller = tenant::resolve_caller(
-            &shared.directory,
-            shared.jwt.as_deref(),
-            request.headers_mut(),
-        );
+        // As `Resolve` does: an address past its failure budget has its credentials refused
+        // unchecked, and a bad credential counts against it.
+        let blocked = shared.failures.as_ref().and_then(|failures| {
+            failures
+                .blocked(client.ip)
+                .filter(|_| tenant::presents_credential(request.headers()))
+        });
+        let caller = match blocked {
+            Some(wait) => Err(auth_failures::refusal(wait)),
+            None => {
+                let caller = tenant::resolve_caller(
+                    &shared.directory,
+                    shared.jwt.as_deref(),
+                    request.headers_mut(),
+                );
+                if let (Err(_), Some(failures)) = (&caller, &shared.failures) {
+                    failures.failed(client.ip);
+                }
+                caller
+            }
+        };
         let shared = shared.clone();
         Either::Right(Box::pin(async move {
             let caller = match caller {
