@@ -239,3 +239,67 @@ async fn standard_webhooks_valid_forwarded_forged_stale_or_missing_refused() {
     let valid = post(&gateway, &valid, BODY).await;
     assert_forwarded(&upstream, valid, BODY, "webhook-signature");
 }
+
+/// On an asynchronous route a refused signature is not queued either: only the valid request
+/// is stored (the queue lists one message) and delivered.
+#[tokio::test]
+async fn a_forged_signature_on_an_async_route_is_never_queued() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("thanks")).await;
+    let config = format!(
+        "[[upstreams]]\nname = \"u\"\nendpoints = [\"{}\"]\n\n\
+         [[routes]]\nname = \"hooks\"\nprefix = \"/hooks\"\nupstream = \"u\"\n\
+         verify = {{ scheme = \"hmac-sha256\", secret_env = \"E2E_HOOK_SECRET\" }}\n\
+         delivery = {{ mode = \"async\" }}\n",
+        upstream.url()
+    );
+    let token = "e2e-admin-token-signatures";
+    let options = GatewayOptions {
+        env: vec![
+            ("E2E_HOOK_SECRET".into(), SECRET.into()),
+            ("PORTCULLIS_ADMIN_TOKEN".into(), token.into()),
+        ],
+        ..GatewayOptions::default()
+    };
+    let gateway = GatewayProcess::start_with(BIN, &config, options).await;
+    let header = "X-Hub-Signature-256";
+    let forged = format!("sha256={}", hex::encode(mac(b"guessed", &[BODY])));
+    assert_refused(
+        &upstream,
+        post(&gateway, &[(header, forged)], BODY).await,
+        "forged",
+    );
+    assert_refused(&upstream, post(&gateway, &[], BODY).await, "missing");
+    let good = format!("sha256={}", hex::encode(mac(SECRET.as_bytes(), &[BODY])));
+    let (status, text) = post(&gateway, &[(header, good)], BODY).await;
+    assert_eq!(status, 202, "{text}");
+    for _ in 0..300 {
+        if upstream.hit_count() >= 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let hits = upstream.hits();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_eq!(&hits[0].body[..], BODY);
+    assert!(
+        !hits[0].headers.contains_key("x-hub-signature-256"),
+        "signature stored and delivered"
+    );
+    let listed: serde_json::Value = crate::common::client()
+        .get(format!(
+            "{}/admin/v1/deliveries?limit=100",
+            gateway.admin_url()
+        ))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+}
