@@ -27,6 +27,7 @@ COPY ratelimit/Cargo.toml ratelimit/
 COPY idempotency/Cargo.toml idempotency/
 COPY redis/Cargo.toml redis/
 COPY retry/Cargo.toml retry/
+COPY queue/Cargo.toml queue/
 COPY tests/support/Cargo.toml tests/support/
 COPY scripts/stub-targets scripts/
 RUN sh scripts/stub-targets \
@@ -35,7 +36,7 @@ RUN sh scripts/stub-targets \
 # The sources. Their files may be older than the stub build's outputs, so touch them: cargo
 # decides freshness by modification time and would otherwise keep the stub binary.
 COPY . .
-RUN find gateway control problem ratelimit idempotency redis retry tests/support \
+RUN find gateway control problem ratelimit idempotency redis retry queue tests/support \
       -name '*.rs' -exec touch {} + \
     && cargo build --release --locked -p portcullis-gateway --bin portcullis \
     && cp target/release/portcullis /usr/local/bin/portcullis

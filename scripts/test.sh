@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust:
-#   1. installs redis-server, PostgreSQL, docker-compose, PyYAML and Chromium with its
-#      chromedriver (the admin console's browser test) with apt-get when missing, and the
+#   1. installs redis-server, PostgreSQL, docker-compose, PyYAML, Prometheus (its promtool)
+#      and Chromium with its chromedriver (the admin console's browser test) with apt-get when missing, and the
 #      Python grpcio (the gRPC tests' stock client and server) with pip;
 #   2. starts one real Redis, a real 3-master Redis Cluster and one real PostgreSQL on free
 #      loopback ports, in a temp dir;
@@ -24,6 +24,8 @@ python3 -c 'import yaml' >/dev/null 2>&1 || need_install+=(python3-yaml)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_install+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need_install+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_install+=(chromium-driver)
+# promtool checks deploy/prometheus/portcullis-alerts.yml (tests/e2e/alert_rules.rs).
+command -v promtool >/dev/null 2>&1 || need_install+=(prometheus)
 if [ ${#need_install[@]} -gt 0 ]; then
   log "installing ${need_install[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -12,6 +12,8 @@
 //! portcullis admin quota set acme --route /orders --rate 5 --burst 5
 //! portcullis admin usage acme
 //! portcullis admin upstreams
+//! portcullis admin deliveries list --state dead --queue payments-webhook
+//! portcullis admin deliveries replay-all --queue payments-webhook
 //! ```
 
 mod client;
@@ -56,6 +58,56 @@ pub enum AdminCommand {
     },
     /// Upstreams and their endpoints' health (state, ejections, in-flight, breaker).
     Upstreams,
+    /// Messages of asynchronous routes: the dead-letter workflow.
+    #[command(subcommand)]
+    Deliveries(DeliveriesCommand),
+}
+
+/// `portcullis admin deliveries …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum DeliveriesCommand {
+    /// List messages (one page, oldest first).
+    List {
+        /// pending, delivered or dead.
+        #[arg(long)]
+        state: Option<String>,
+        /// Queue (the route's name).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Tenant id.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Page size (1–1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One message: headers, payload, attempts, reason.
+    Show {
+        /// Delivery id.
+        id: String,
+    },
+    /// Deliver a delivered or dead message again.
+    Replay {
+        /// Delivery id.
+        id: String,
+    },
+    /// Replay every dead message of a queue or tenant (one page of up to --limit).
+    ReplayAll {
+        /// Queue (the route's name).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Tenant id.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// At most this many (1–1000).
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    /// Remove a message for good.
+    Purge {
+        /// Delivery id.
+        id: String,
+    },
 }
 
 /// `portcullis admin tenant …`.

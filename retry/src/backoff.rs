@@ -39,7 +39,7 @@ pub(crate) fn decorrelated_jitter<R: Rng + ?Sized>(
 }
 
 /// Uniform duration in `[lo, hi]` with nanosecond resolution (clamped to ~584 years).
-fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration {
+pub(crate) fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration {
     let lo = u64::try_from(lo.as_nanos()).unwrap_or(u64::MAX);
     let hi = u64::try_from(hi.as_nanos()).unwrap_or(u64::MAX);
     if hi <= lo {

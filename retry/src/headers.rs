@@ -97,7 +97,7 @@ pub(crate) fn attempt_value(number: u32) -> HeaderValue {
 /// Parses `Retry-After` (RFC 9110 §10.2.3) leniently: delta-seconds or an HTTP-date, with
 /// surrounding whitespace. A date in the past is a zero wait; anything else is `None`.
 /// Absurdly large delta-seconds saturate (and then exceed any deadline).
-pub(crate) fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+pub fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     let s = value.to_str().ok()?.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return Some(Duration::from_secs(s.parse::<u64>().unwrap_or(u64::MAX)));

@@ -155,6 +155,7 @@ mod headers;
 mod layer;
 mod metrics;
 mod policy;
+mod schedule;
 mod service;
 mod upstream;
 mod window;
@@ -170,10 +171,15 @@ pub use self::{
     error::{FailureKind, RetryError, UpstreamFailure},
     handoff::{FindHandoff, Handoff},
     headers::{
-        IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT, X_RETRY_EXHAUSTED,
+        parse_retry_after, IDEMPOTENCY_KEY, X_REQUEST_DEADLINE, X_REQUEST_ID, X_RETRY_ATTEMPT,
+        X_RETRY_EXHAUSTED,
     },
     layer::{CallerKey, FindTarget, IsProtected, RetryLayer},
     policy::{HedgeAfter, InvalidRetryConfig, Jitter, RetryParams, RetryPolicy},
+    schedule::{
+        DeadReason, DeliverySchedule, NextDelivery, ScheduleError, DEFAULT_MAX_RETRIES,
+        DEFAULT_SCHEDULE, MAX_AGE_CAP, MAX_RETRIES_RANGE,
+    },
     service::Retry,
     upstream::{
         adaptive::{

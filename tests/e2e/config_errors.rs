@@ -115,6 +115,19 @@ fn invalid_configurations_refuse_to_start_naming_the_field() {
             "[server]\nmax_body_bytes = \"big\"\n".into(),
             "server.max_body_bytes",
         ),
+        (
+            // The secret's variable is not set in the gateway's environment.
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/hooks\"\nupstream = \"u\"\nverify = {{ scheme = \"stripe\", secret_env = \"PORTCULLIS_TEST_UNSET_SECRET\" }}\n"),
+            "routes[0].verify.secret_env",
+        ),
+        (
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/hooks\"\nupstream = \"u\"\ndelivery = {{ mode = \"async\", max_retries = 9 }}\n"),
+            "routes[0].delivery.max_retries",
+        ),
+        (
+            format!("{UPSTREAM}\n[[routes]]\nprefix = \"/hooks\"\nupstream = \"u\"\ndelivery = {{ mode = \"async\", schedule = [\"1s\", \"50ms\"] }}\n"),
+            "routes[0].delivery.schedule",
+        ),
     ];
     for (text, field) in cases {
         let (code, stderr) = run_with(&text);

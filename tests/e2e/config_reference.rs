@@ -57,6 +57,7 @@ memory_max_bytes = 268435456
 memory_shares = {}
 state_timeout = "50ms"
 postgres_pool_size = 16
+queue = "sqlite://portcullis-queue.db"
 
 [rate_limit]
 on_store_error = "fail_open"
@@ -166,6 +167,8 @@ websocket = true
 websocket_idle_timeout = "60s"
 websocket_max_lifetime = "1h"
 max_websockets = 1
+delivery = { mode = "async", max_retries = 5, schedule = ["0s", "1s"], max_age = "24h", dedupe = "idempotency-key", dedupe_window = "7d", max_rate = 10.0, max_in_flight = 16 }
+verify = { scheme = "stripe", header = "stripe-signature", secret_env = "S", tolerance = "5m" }
 
 [demo]
 enabled = false

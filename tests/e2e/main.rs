@@ -116,3 +116,11 @@ mod upstream_discovery;
 mod upstream_pool;
 // Routing by host, method, headers and path (exact > pattern > prefix), 405, rewrite, per-route timeout, odd spellings.
 mod routing;
+// Inbound signatures (hmac-sha256, stripe, standard-webhooks): valid forwarded byte for byte; forged, stale, missing → 401, never forwarded, no rate-limit token spent.
+mod inbound_signatures;
+// Asynchronous routes on SQLite: 202 before delivery, dedupe, the retry schedule from the upstream's timestamps, dead letters, SIGKILL and restart.
+mod async_delivery;
+// deploy/prometheus/portcullis-alerts.yml passes `promtool check rules` (dead letters, oldest pending message).
+mod alert_rules;
+// Asynchronous routes on PostgreSQL (scripts/test.sh) and Redis (a private redis-server); a queue that goes away → 503.
+mod async_delivery_engines;

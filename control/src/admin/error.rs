@@ -34,6 +34,24 @@ pub(crate) enum AdminError {
     /// The idempotency store failed.
     #[error("idempotency store: {0}")]
     Idempotency(#[from] portcullis_idempotency::StoreError),
+    /// The delivery queue failed.
+    #[error("delivery queue: {0}")]
+    Queue(portcullis_queue::QueueError),
+}
+
+impl From<portcullis_queue::QueueError> for AdminError {
+    fn from(err: portcullis_queue::QueueError) -> Self {
+        use portcullis_queue::QueueError as Q;
+        match err {
+            Q::NotFound(id) => Self::NotFound(format!("no delivery {:?}", id.as_str())),
+            Q::StillPending(id) => Self::Conflict(format!(
+                "delivery {:?} is still pending: only a delivered or dead message can be replayed",
+                id.as_str()
+            )),
+            Q::InvalidCursor(_) => Self::invalid("cursor", "not a cursor this listing returned"),
+            other => Self::Queue(other),
+        }
+    }
 }
 
 // === impl AdminError ===
@@ -58,7 +76,9 @@ impl AdminError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Database(e) if is_unavailable(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Quota(_) | Self::Idempotency(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Quota(_) | Self::Idempotency(_) | Self::Queue(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -96,7 +116,7 @@ impl AdminError {
                 "Conflict",
                 detail.clone(),
             ),
-            Self::Database(_) | Self::Quota(_) | Self::Idempotency(_)
+            Self::Database(_) | Self::Quota(_) | Self::Idempotency(_) | Self::Queue(_)
                 if self.status() == StatusCode::SERVICE_UNAVAILABLE =>
             {
                 Problem::new(

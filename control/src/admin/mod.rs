@@ -36,6 +36,7 @@
 
 mod audit;
 mod auth;
+mod deliveries;
 mod error;
 mod history;
 mod idempotency;
@@ -98,6 +99,8 @@ pub struct AdminContext {
     /// Where replicas share their throttled-tenant counts (Redis state); `None` = this
     /// replica's counts only.
     pub throttled_board: Option<Arc<dyn ThrottledBoard>>,
+    /// The queue of asynchronous routes; `None` when no route is asynchronous.
+    pub deliveries: Option<Arc<dyn portcullis_queue::Queue>>,
 }
 
 /// Shared state of the handlers.
@@ -112,6 +115,7 @@ pub(crate) struct AdminState {
     upstreams: Arc<dyn UpstreamsView>,
     history: Arc<UsageHistory>,
     board: Option<Arc<dyn ThrottledBoard>>,
+    deliveries: Option<Arc<dyn portcullis_queue::Queue>>,
 }
 
 /// Who made a change, for the audit log (set by [`auth`]).
@@ -148,6 +152,7 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
         upstreams: ctx.upstreams,
         history,
         board: ctx.throttled_board,
+        deliveries: ctx.deliveries,
     };
     let api = Router::new()
         .route("/tenants", get(tenants::list).post(tenants::create))
@@ -183,6 +188,13 @@ pub(crate) fn router_with_quota(ctx: AdminContext, quota: Arc<dyn QuotaAdmin>) -
             "/tenants/{id}/idempotency",
             get(idempotency::get).delete(idempotency::delete),
         )
+        .route("/deliveries", get(deliveries::list))
+        .route("/deliveries/replay", post(deliveries::replay_many))
+        .route(
+            "/deliveries/{id}",
+            get(deliveries::get).delete(deliveries::purge),
+        )
+        .route("/deliveries/{id}/replay", post(deliveries::replay))
         .route("/audit", get(audit::list))
         .route("/upstreams", get(upstreams::list))
         .route("/openapi.json", get(openapi::serve))

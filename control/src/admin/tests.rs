@@ -94,6 +94,7 @@ async fn app_with(upstreams: Arc<dyn UpstreamsView>) -> (Router, tempfile::TempD
         }]),
         upstreams,
         throttled_board: None,
+        deliveries: None,
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), dir)
 }
@@ -441,6 +442,7 @@ async fn app_and_directory() -> (Router, Arc<Directory>, tempfile::TempDir) {
         }]),
         upstreams: Arc::new(NoUpstreams),
         throttled_board: None,
+        deliveries: None,
     };
     (router_with_quota(ctx, Arc::new(FakeQuota)), directory, dir)
 }

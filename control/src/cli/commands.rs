@@ -5,7 +5,10 @@ use serde_json::{json, Map, Value};
 
 use super::client::{url_encode, Client};
 use super::output::{print_keys, print_quota, print_tenants, print_upstreams, print_usage, text};
-use super::{AdminArgs, AdminCliError, AdminCommand, KeyCommand, QuotaCommand, TenantCommand};
+use super::{
+    AdminArgs, AdminCliError, AdminCommand, DeliveriesCommand, KeyCommand, QuotaCommand,
+    TenantCommand,
+};
 
 /// Runs one command against the admin API at `args.url`.
 pub(super) async fn execute(args: AdminArgs, token: String) -> Result<(), AdminCliError> {
@@ -23,7 +26,56 @@ pub(super) async fn execute(args: AdminArgs, token: String) -> Result<(), AdminC
             let upstreams = client.call(Method::GET, "/upstreams", None).await?;
             print_upstreams(&upstreams);
         }
+        AdminCommand::Deliveries(command) => deliveries(&client, command).await?,
     }
+    Ok(())
+}
+
+/// `deliveries …`: the admin API's answer, as indented JSON.
+async fn deliveries(client: &Client, command: DeliveriesCommand) -> Result<(), AdminCliError> {
+    let answer = match command {
+        DeliveriesCommand::List {
+            state,
+            queue,
+            tenant,
+            limit,
+        } => {
+            let mut path = format!("/deliveries?limit={limit}");
+            for (name, value) in [("state", state), ("queue", queue), ("tenant", tenant)] {
+                if let Some(value) = value {
+                    path.push_str(&format!("&{name}={}", url_encode(&value)));
+                }
+            }
+            client.call(Method::GET, &path, None).await?
+        }
+        DeliveriesCommand::Show { id } => {
+            let path = format!("/deliveries/{}", url_encode(&id));
+            client.call(Method::GET, &path, None).await?
+        }
+        DeliveriesCommand::Replay { id } => {
+            let path = format!("/deliveries/{}/replay", url_encode(&id));
+            client.call(Method::POST, &path, None).await?
+        }
+        DeliveriesCommand::ReplayAll {
+            queue,
+            tenant,
+            limit,
+        } => {
+            let body = json!({ "state": "dead", "queue": queue, "tenant": tenant, "limit": limit });
+            client
+                .call(Method::POST, "/deliveries/replay", Some(body))
+                .await?
+        }
+        DeliveriesCommand::Purge { id } => {
+            let path = format!("/deliveries/{}", url_encode(&id));
+            client.call(Method::DELETE, &path, None).await?;
+            json!({ "purged": id })
+        }
+    };
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&answer).unwrap_or_default()
+    );
     Ok(())
 }
 

@@ -154,6 +154,66 @@ impl fmt::Debug for DatabaseBackend {
     }
 }
 
+/// Where the messages of asynchronous routes live (docs/async-delivery.md).
+#[derive(Clone, PartialEq, Eq)]
+pub enum QueueBackend {
+    /// A SQLite file (the embedded default).
+    Sqlite(PathBuf),
+    /// A PostgreSQL database.
+    Postgres(String),
+    /// A Redis server (Redis Streams).
+    Redis(String),
+    /// A Redis/Valkey Cluster: its seed nodes, as in [`StateBackend::RedisCluster`].
+    RedisCluster(Vec<String>),
+}
+
+// === impl QueueBackend ===
+
+impl QueueBackend {
+    /// Parses `"sqlite://path"`, `"postgres://…"`, `"redis://…"` or `"redis-cluster://…"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.starts_with("sqlite://") || is_postgres(text) {
+            return DatabaseBackend::parse(text).map(|db| match db {
+                DatabaseBackend::Sqlite(path) => Self::Sqlite(path),
+                DatabaseBackend::Postgres(url) => Self::Postgres(url),
+            });
+        }
+        match StateBackend::parse(text) {
+            Ok(StateBackend::Redis(url)) => Ok(Self::Redis(url)),
+            Ok(StateBackend::RedisCluster(nodes)) => Ok(Self::RedisCluster(nodes)),
+            Ok(StateBackend::Memory) | Err(_) => Err(format!(
+                "= {:?}: allowed \"sqlite://path\", \"postgres://…\", \"redis://host:port\" or \
+                 \"redis-cluster://host:port,…\" (a queue must survive a restart: not \"memory\")",
+                redact_url(text)
+            )),
+        }
+    }
+
+    /// The default beside `database`: a SQLite file next to a SQLite database
+    /// (`portcullis.db` → `portcullis-queue.db`), else the same PostgreSQL database.
+    pub fn default_for(database: &DatabaseBackend) -> Self {
+        match database {
+            DatabaseBackend::Sqlite(path) => {
+                let stem = path
+                    .file_stem()
+                    .map_or_else(|| "portcullis".into(), |s| s.to_string_lossy().into_owned());
+                Self::Sqlite(path.with_file_name(format!("{stem}-queue.db")))
+            }
+            DatabaseBackend::Postgres(url) => Self::Postgres(url.clone()),
+        }
+    }
+}
+
+impl fmt::Debug for QueueBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            Self::Postgres(url) | Self::Redis(url) => write!(f, "{}", redact_url(url)),
+            Self::RedisCluster(nodes) => f.write_str(&cluster_display(nodes)),
+        }
+    }
+}
+
 const CLUSTER_SCHEME: &str = "redis-cluster://";
 const TLS_CLUSTER_SCHEME: &str = "rediss-cluster://";
 

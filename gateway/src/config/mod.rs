@@ -23,7 +23,7 @@ mod validate;
 use std::path::Path;
 
 pub use auth::AuthSettings;
-pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, StateBackend};
+pub use backend::{redact_url, DatabaseBackend, IdempotencyBackend, QueueBackend, StateBackend};
 pub use balance::{
     DiscoverySettings, HealthCheckSettings, LoadBalancer, OutlierSettings, MAX_WEIGHT,
 };
@@ -33,9 +33,11 @@ pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
 pub use routes::cors::CorsSettings;
+pub use routes::delivery::{DedupeSource, DeliverySettings, MIN_DEDUPE_WINDOW};
 pub use routes::header_rules::{HeaderRules, HeaderVars};
 pub use routes::pattern::{PathRule, Pattern};
 pub use routes::rules::{HeaderRule, HeaderValueRule, HostRule};
+pub use routes::verify::{SignatureScheme, SigningKey, VerifySettings};
 pub use settings::{
     Bucket, Config, DemoSettings, Env, IdempotencySettings, InFlightMode, LogFormat, Priority,
     ProcessEnv, RateLimitSettings, RouteSettings, Secret, ServerSettings, StorageSettings,

@@ -3,12 +3,14 @@
 //! Every issue names its field (`routes[3].pattern`).
 
 pub(crate) mod cors;
+pub(crate) mod delivery;
 pub(crate) mod header_rules;
 mod idempotency;
 mod matchers;
 mod path;
 pub(crate) mod pattern;
 pub(crate) mod rules;
+pub(crate) mod verify;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +50,7 @@ const MAX_ROUTE_NAME_LEN: usize = 256;
 pub(super) fn routes(
     raw: &RawConfig,
     upstreams: &[UpstreamSettings],
+    env: &dyn Env,
     issues: &mut Issues,
 ) -> Vec<RouteSettings> {
     // Name → the field that gave it, for the duplicate message; and how many unnamed routes
@@ -68,11 +71,12 @@ pub(super) fn routes(
         .enumerate()
         .map(|(i, r)| {
             let path = format!("routes[{i}]");
-            route(&path, r, raw, upstreams, &shared, &mut names, issues)
+            route(&path, r, raw, upstreams, env, &shared, &mut names, issues)
         })
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 /// One `[[routes]]` entry at `path` (`routes[i]`); `names`: the names of the routes before
 /// it; `shared`: how many unnamed routes have each path text.
 fn route(
@@ -80,6 +84,7 @@ fn route(
     r: &RawRoute,
     raw: &RawConfig,
     upstreams: &[UpstreamSettings],
+    env: &dyn Env,
     shared: &HashMap<&str, usize>,
     names: &mut HashMap<String, String>,
     issues: &mut Issues,
@@ -139,6 +144,26 @@ fn route(
         request_headers,
         response_headers,
         websocket: websocket(path, r, upstreams.get(upstream), issues),
+        delivery: r.delivery.as_ref().and_then(|raw| {
+            let settings = delivery::delivery(&format!("{path}.delivery"), raw, issues)?;
+            if r.idempotency.is_some() {
+                issues.push(
+                    format!("{path}.idempotency"),
+                    "an asynchronous route dedupes with delivery.dedupe (\"idempotency-key\" by default)",
+                );
+            }
+            if r.websocket {
+                issues.push(
+                    format!("{path}.delivery.mode"),
+                    "= \"async\": a WebSocket route cannot be delivered later",
+                );
+            }
+            Some(Arc::new(settings))
+        }),
+        verify: r
+            .verify
+            .as_ref()
+            .and_then(|raw| verify::verify(&format!("{path}.verify"), raw, env, issues)),
     }
 }
 

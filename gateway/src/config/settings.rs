@@ -167,6 +167,10 @@ pub struct StorageSettings {
     pub state_timeout: Duration,
     /// Connections of the PostgreSQL idempotency store (`None`: derived from the cores).
     pub postgres_pool_size: Option<u32>,
+    /// Messages of asynchronous routes.
+    pub queue: super::backend::QueueBackend,
+    /// `queue` as the queue crate connects to it (it may hold a password).
+    pub queue_url: Secret,
 }
 
 /// What the rate limiter does when the state store fails.
@@ -358,6 +362,11 @@ pub struct RouteSettings {
     pub response_headers: Option<HeaderRules>,
     /// WebSocket tunnels, when `websocket = true`.
     pub websocket: Option<WebSocketSettings>,
+    /// `delivery = { mode = "async", … }`: accepted with a 202 and delivered later; `None`:
+    /// proxied synchronously.
+    pub delivery: Option<Arc<super::routes::delivery::DeliverySettings>>,
+    /// `verify`: the inbound signature every request must carry.
+    pub verify: Option<Arc<super::routes::verify::VerifySettings>>,
 }
 
 /// A route's WebSocket settings (`websocket = true` and the `websocket_*` fields).

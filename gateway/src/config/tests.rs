@@ -5,6 +5,7 @@ use super::*;
 use portcullis_retry::HedgeAfter;
 
 // Routing fields: hosts, methods, headers, exact/pattern, rewrite, timeout, names.
+mod delivery;
 mod routes;
 
 fn env() -> HashMap<String, String> {

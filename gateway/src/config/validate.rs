@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::backend::{DatabaseBackend, IdempotencyBackend, StateBackend};
+use super::backend::{DatabaseBackend, IdempotencyBackend, QueueBackend, StateBackend};
 use super::bucket::bucket;
 use super::error::ConfigError;
 use super::error::Issues;
@@ -49,7 +49,7 @@ pub(super) fn validate(mut raw: RawConfig, env: &dyn Env) -> Result<Config, Conf
             );
         }
     }
-    let routes = super::routes::routes(&raw, &upstreams, &mut issues);
+    let routes = super::routes::routes(&raw, &upstreams, env, &mut issues);
     let auth = super::auth::auth(&raw.auth, &mut issues);
     let demo = DemoSettings {
         enabled: raw.demo.enabled,
@@ -261,6 +261,19 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         issues.push("storage.database", reason);
         DatabaseBackend::Sqlite("portcullis.db".into())
     });
+    let queue = match &raw.queue {
+        Some(text) => QueueBackend::parse(text).unwrap_or_else(|reason| {
+            issues.push("storage.queue", reason);
+            QueueBackend::default_for(&database)
+        }),
+        None => QueueBackend::default_for(&database),
+    };
+    let queue_url = match (&raw.queue, &queue) {
+        (Some(text), _) => Secret::new(text),
+        (None, QueueBackend::Sqlite(path)) => Secret::new(&format!("sqlite://{}", path.display())),
+        (None, QueueBackend::Postgres(url)) => Secret::new(url),
+        (None, _) => Secret::new(""),
+    };
     issues.range(
         "storage.memory_max_bytes",
         raw.memory_max_bytes,
@@ -292,6 +305,8 @@ fn storage(raw: &raw::RawStorage, issues: &mut Issues) -> StorageSettings {
         memory_shares: raw.memory_shares.clone(),
         state_timeout: raw.state_timeout.get(),
         postgres_pool_size: raw.postgres_pool_size,
+        queue,
+        queue_url,
     }
 }
 

@@ -34,6 +34,7 @@ pub async fn pipeline(config: &Config, dir: &Path) -> Result<HttpService, crate:
         idempotency_store: crate::pipeline::idempotency::build_store(config, &directory).await?,
         directory,
         health: Arc::new(Health::new(db, Vec::new())),
+        deliveries: None,
     };
     let upstream = tower::service_fn(|request: Request<Body>| async move {
         // Read the body as the pooled client would send it.

@@ -34,12 +34,17 @@ use crate::edge::target::Target;
 use crate::pipeline::auth_failures::AuthFailures;
 use crate::pipeline::buffer::BufferLayer;
 use crate::pipeline::concurrency::Concurrency;
+use crate::pipeline::deliveries::accept::AcceptLayer;
+use crate::pipeline::deliveries::status::StatusLayer;
+use crate::pipeline::deliveries::worker::DeliveryService;
+use crate::pipeline::deliveries::Deliveries;
 use crate::pipeline::health::{Health, HealthRoutesLayer};
 use crate::pipeline::jwt::{JwtAuth, JwtKeysLayer};
 use crate::pipeline::rescue::RescueLayer;
 use crate::pipeline::resolve::Resolve;
 use crate::pipeline::router::RouteTable;
 use crate::pipeline::shed::LoadShed;
+use crate::pipeline::signature::SignatureLayer;
 use crate::pipeline::websocket::WebSocketCaps;
 use crate::plumbing::client::TrustedProxies;
 use crate::plumbing::context::RequestContext;
@@ -69,6 +74,8 @@ pub struct StackParts {
     pub directory: Arc<Directory>,
     /// Readiness state for `/healthz` and `/readyz` on the proxy listener.
     pub health: Arc<Health>,
+    /// The queue of asynchronous routes; `None` when no route is asynchronous.
+    pub(crate) deliveries: Option<Arc<Deliveries>>,
 }
 
 /// Builds the proxy listener's service.
@@ -116,6 +123,13 @@ where
         ))) // 413 / 431 / 408 for a body that does not arrive in time
         .layer(StepLayer::new(Target)) // path normalised in place (nginx rules), Host / :authority checked → 400
         .option_layer(jwt.clone().map(JwtKeysLayer::new)) // a bearer JWT naming an unknown kid waits for one rate-limited JWKS refresh
+        .layer(StatusLayer::new(
+            parts.deliveries.clone(),
+            parts.directory.clone(),
+            jwt.clone(),
+            trusted.clone(),
+            failures.clone(),
+        )) // GET /_portcullis/deliveries/{id}: an accepted request's status, to the caller who sent it (else 404)
         .layer(StepLayer::new(
             Resolve::new(
                 RouteTable::new(&config.routes, &states),
@@ -138,6 +152,7 @@ where
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
         .option_layer(websockets.then(|| StepLayer::new(WebSocketCaps::new(config)))) // only when some route has websocket = true: route and tenant max_websockets → 429 at once, the slots ride to the tunnel; any other CONNECT → 501, an HTTP/2 WebSocket on a route without websocket → 403
+        .layer(SignatureLayer::new(Arc::new(SystemWallClock))) // routes with verify: body read whole (max_body_bytes), HMAC checked in constant time; missing, forged or stale → 401 before any rate-limit token is spent
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),
@@ -146,6 +161,7 @@ where
             .with_observer(crate::pipeline::ratelimit::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
         .layer(BufferLayer::new(config.server.request_buffer_bytes)) // bodies up to request_buffer_bytes read whole before any upstream contact; stalled → 408, nothing sent
+        .layer(AcceptLayer::new(parts.deliveries.clone())) // asynchronous routes: deduped and stored with enqueue, then 202 + Portcullis-Delivery-Id + Location; queue down → 503; nothing below runs (the worker delivers later through `delivery`)
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::pipeline::idempotency::extractor(config),
@@ -162,6 +178,26 @@ where
         ) // the one retry layer: ladder, backoff, budget, breaker, deadline; a keyed request's timed-out attempt left running for the idempotency layer
         .service(upstream); // pooled client, one attempt; a WebSocket handshake on its own connection, a 101 → tunnel (upstream::websocket)
     BoxCloneService::new(pipeline)
+}
+
+/// What asynchronous routes deliver through: the same retry layer (breaker, adaptive
+/// throttling, budget, attempt timeout) and pooled upstream client as the synchronous path
+/// above, with its errors turned into problems by the same rescue. No delivery counts as
+/// protected by an Idempotency-Key lock, so the retry layer does not re-send a POST within
+/// one delivery attempt: the route's delivery schedule does (`pipeline::deliveries::worker`).
+pub(crate) fn delivery(upstreams: Vec<Arc<Upstream>>) -> DeliveryService {
+    let service = ServiceBuilder::new()
+        .layer(RescueLayer)
+        .layer(
+            RetryLayer::new(
+                |_: &http::Extensions| false,
+                RequestContext::breaker_key,
+                Arc::new(SystemWallClock),
+            )
+            .with_target(RequestContext::retry_target),
+        )
+        .service(Proxy::new(upstreams));
+    tower::util::BoxCloneSyncService::new(service)
 }
 
 /// The idempotency layer's offer to receive a timed-out attempt's answer late, as the retry

@@ -145,6 +145,7 @@ async fn stack_with_directory() -> (HttpService, Log, tempfile::TempDir, Arc<Dir
             .unwrap(),
         directory: directory.clone(),
         health: Arc::new(Health::new(db, Vec::new())),
+        deliveries: None,
     };
     let log = Log::default();
     let trusted = Arc::new(TrustedProxies::new(Vec::new()));

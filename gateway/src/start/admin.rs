@@ -38,6 +38,7 @@ pub(crate) fn router(
     stores: &Stores,
     upstreams: Arc<dyn admin::UpstreamsView>,
     ops: axum::Router,
+    deliveries: Option<&Arc<crate::pipeline::deliveries::Deliveries>>,
 ) -> axum::Router {
     let Some(token) = &config.admin_token else {
         tracing::warn!(
@@ -75,6 +76,7 @@ pub(crate) fn router(
         routes,
         upstreams,
         throttled_board,
+        deliveries: deliveries.map(|d| d.queue.clone()),
     }))
     // The console is a client of the admin API, so it is served only where the API is.
     .merge(portcullis_control::console::router())

@@ -36,6 +36,14 @@ pub enum StartError {
     /// The sockets of the running gateway could not be taken over.
     #[error("hand-over: {0}")]
     Handover(#[from] crate::edge::listener::handover::HandoverError),
+    /// The queue of asynchronous routes could not be opened.
+    #[error("storage.queue = \"{url}\": {source}")]
+    Queue {
+        /// `storage.queue` (or its default), password redacted.
+        url: String,
+        /// Why it could not be opened.
+        source: portcullis_queue::QueueError,
+    },
     /// The idempotency store could not be built.
     #[error(transparent)]
     Idempotency(#[from] pipeline::idempotency::IdempotencyStoreError),

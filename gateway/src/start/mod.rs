@@ -73,7 +73,27 @@ pub async fn run(
     upstream::fleet::spawn(&config, &upstreams, stopped(&stop_rx))?;
     let directory = stores.directory.clone();
     tokio::spawn(directory.keep_fresh(stores.db.clone(), stopped(&stop_rx)));
+    let deliveries = open_queue(&config).await?;
+    if let Some(deliveries) = &deliveries {
+        let table = pipeline::router::RouteTable::new(
+            &config.routes,
+            &upstreams
+                .iter()
+                .map(|u| u.state().clone())
+                .collect::<Vec<_>>(),
+        );
+        let parts = pipeline::deliveries::worker::WorkerParts {
+            deliveries: deliveries.clone(),
+            service: stack::delivery(upstreams.clone()),
+            directory: stores.directory.clone(),
+            clock: Arc::new(portcullis_retry::SystemWallClock),
+        };
+        pipeline::deliveries::worker::spawn(table.routes(), &parts, &stop_rx);
+        pipeline::deliveries::worker::spawn_sweeper(deliveries.clone(), stop_rx.clone());
+    }
+    let parts_deliveries = deliveries.clone();
     let parts = stack::StackParts {
+        deliveries,
         upstreams,
         directory: stores.directory.clone(),
         idempotency_store: stores.idempotency.clone(),
@@ -110,7 +130,13 @@ pub async fn run(
     banner::print(&config);
 
     let ops = pipeline::health::router(health.clone(), metrics);
-    let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
+    let admin_app = admin::router(
+        &config,
+        &stores,
+        admin_upstreams,
+        ops,
+        parts_deliveries.as_ref(),
+    );
     // Handed over: the admin listener stops accepting at once too (the successor answers
     // `/readyz` on the same socket); on a plain shutdown it keeps saying "draining".
     let admin_stop = {
@@ -147,6 +173,28 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(telemetry::export::shutdown).await;
     tracing::info!("portcullis stopped");
     Ok(())
+}
+
+/// The queue of asynchronous routes (`storage.queue`), opened only when a route is
+/// asynchronous.
+async fn open_queue(
+    config: &Config,
+) -> Result<Option<Arc<pipeline::deliveries::Deliveries>>, StartError> {
+    if !config.routes.iter().any(|r| r.delivery.is_some()) {
+        return Ok(None);
+    }
+    let options = portcullis_queue::ConnectOptions::default();
+    let queue = portcullis_queue::connect(config.storage.queue_url.expose(), &options)
+        .await
+        .map_err(|source| StartError::Queue {
+            url: format!("{:?}", config.storage.queue),
+            source,
+        })?;
+    tracing::info!(engine = queue.engine(), "delivery queue open");
+    Ok(Some(Arc::new(pipeline::deliveries::Deliveries::new(
+        queue,
+        &config.routes,
+    ))))
 }
 
 /// Resolves once `stop` says so (or its sender is gone): how every background task and

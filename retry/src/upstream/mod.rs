@@ -150,7 +150,7 @@ impl UpstreamState {
     }
 
     /// The upstream's name (the `dependency` label).
-    pub(crate) fn name(&self) -> &Arc<str> {
+    pub fn name(&self) -> &Arc<str> {
         &self.name
     }
 

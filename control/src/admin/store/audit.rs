@@ -53,6 +53,22 @@ impl AuditFilter {
 // === impl AdminStore ===
 
 impl AdminStore {
+    /// [`AdminStore::record`] for an action that belongs to no tenant (or an anonymous
+    /// caller's): a delivery replayed or purged.
+    pub(crate) async fn record_untenanted(
+        &self,
+        actor: &str,
+        action: &str,
+        before: Option<Value>,
+        after: Option<Value>,
+    ) -> Result<(), AdminError> {
+        let mut tx = Tx::begin(&self.db).await?;
+        audit(&mut tx, actor, action, None, before, after).await?;
+        tx.commit().await?;
+        tracing::info!(action, actor, "admin change committed");
+        Ok(())
+    }
+
     /// Writes an audit row on its own, for actions on state outside the database (period
     /// reset and top-up live in the rate-limit store, idempotency records in theirs).
     pub(crate) async fn record(

@@ -14,7 +14,8 @@ mod upstream;
 
 pub use super::bucket::RawBucket;
 pub use route::{
-    RawCors, RawHeaderMatch, RawHeaderRules, RawHedge, RawIdempotency, RawRoute, RawRouteRetry,
+    RawCors, RawDelivery, RawHeaderMatch, RawHeaderRules, RawHedge, RawIdempotency, RawRoute,
+    RawRouteRetry, RawVerify,
 };
 pub use upstream::{
     RawAdaptive, RawAdaptiveBounds, RawBreaker, RawRetry, RawUpstream, RawUpstreamTls,
@@ -194,6 +195,10 @@ pub struct RawStorage {
     pub state_timeout: HumanDuration,
     /// Connections of the PostgreSQL idempotency store; unset: eight per core, 16–64.
     pub postgres_pool_size: Option<u32>,
+    /// Messages of asynchronous routes: `"sqlite://path"`, `"postgres://…"`, `"redis://…"`,
+    /// `"redis-cluster://…"`; unset: a SQLite file next to the SQLite `database`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 impl Default for RawStorage {
@@ -206,6 +211,7 @@ impl Default for RawStorage {
             memory_shares: std::collections::BTreeMap::new(),
             state_timeout: HumanDuration::millis(50),
             postgres_pool_size: None,
+            queue: None,
         }
     }
 }

@@ -113,6 +113,81 @@ pub struct RawRoute {
     /// Open WebSocket tunnels on this route (per replica); a handshake over it → 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_websockets: Option<u32>,
+    /// `delivery = { mode = "async", … }`: accept, store and deliver later
+    /// (docs/async-delivery.md); default synchronous.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<RawDelivery>,
+    /// `verify = { scheme = …, secret_env = … }`: inbound signature check on the raw body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<RawVerify>,
+}
+
+/// `delivery = { … }` on a route; unset fields take the defaults of
+/// `portcullis_retry::DeliverySchedule` and the dedupe defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDelivery {
+    /// `"sync"` (the default: proxied) or `"async"` (stored, answered 202, delivered later).
+    pub mode: String,
+    /// Retries after the first delivery attempt (3–8, default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    /// Waits before each retry, non-decreasing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Vec<HumanDuration>>,
+    /// A message undelivered this long after acceptance is dead (≤ 24 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<HumanDuration>,
+    /// `"idempotency-key"`, `"header:NAME"` or `"json:/pointer"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe: Option<String>,
+    /// How long a dedupe record is kept (≥ 7 d).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_window: Option<HumanDuration>,
+    /// Deliveries started per second on this route's queue, at most (`50` or `2.5`).
+    #[serde(
+        default,
+        deserialize_with = "number",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_rate: Option<f64>,
+    /// Deliveries of this route's queue in flight at once, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+}
+
+/// An optional number written as an integer or a float.
+fn number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(i64),
+        Float(f64),
+    }
+    Ok(
+        Option::<Number>::deserialize(deserializer)?.map(|n| match n {
+            // Rates are far below 2^53: the conversion is exact.
+            #[allow(clippy::cast_precision_loss)]
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }),
+    )
+}
+
+/// `verify = { … }` on a route.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVerify {
+    /// `"hmac-sha256"`, `"stripe"` or `"standard-webhooks"`.
+    pub scheme: String,
+    /// The signature header (default per scheme).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// Environment variable holding the secret, read at start-up.
+    pub secret_env: String,
+    /// Largest clock difference accepted on a signed timestamp (stripe, standard-webhooks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<HumanDuration>,
 }
 
 /// `cors = { allow_origins = [...], ... }` on a route.

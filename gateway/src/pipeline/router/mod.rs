@@ -188,6 +188,11 @@ impl RouteTable {
         }
     }
 
+    /// Every route, in configuration order.
+    pub(crate) fn routes(&self) -> &[Arc<Route>] {
+        &self.inner.routes
+    }
+
     /// The most specific route matching `request` (the order is in the module
     /// documentation). Allocates nothing.
     pub fn find(&self, request: &RouteRequest<'_>) -> Lookup<'_> {
