@@ -14,6 +14,8 @@ mod bad_input;
 mod config_errors;
 // SIGTERM drains in-flight requests; readiness flips first.
 mod shutdown;
+// Live reload of the configuration file: SIGHUP, admin endpoint, file watcher; nothing dropped, state carried over.
+mod reload;
 // WebSocket tunnels with the stock Python websockets library: echo, caps, idle, lifetime, drain.
 mod websocket;
 // The harness itself: real Redis, real PostgreSQL with migrations, gateway on both.

@@ -4,28 +4,44 @@
 
 mod admin;
 mod error;
+mod reload;
 mod stores;
+mod swap;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use error::StartError;
+pub use reload::ConfigSource;
 pub(crate) use stores::tenant_seeds;
 use stores::Stores;
 
-use crate::config::{Config, IdempotencyBackend, StateBackend};
+use crate::config::{Config, IdempotencyBackend, StateBackend, UpstreamSettings};
 use crate::edge::listener::ServeOptions;
 use crate::pipeline::health::Health;
 use crate::upstream::proxy::Upstream;
-use crate::{banner, edge, pipeline, plumbing, stack, telemetry, tls, upstream};
+use crate::{banner, edge, plumbing, stack, telemetry, tls, upstream};
 use portcullis_redis::{ConnectOptions, RedisClient};
 use portcullis_retry::UpstreamState;
 
 /// Starts everything the configuration asks for and serves until `shutdown` resolves; then
 /// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
+/// Without a file to read again, a reload (SIGHUP, the admin endpoint) answers that there
+/// is none: see [`run_with`].
 pub async fn run(
     config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    run_with(config, None, shutdown).await
+}
+
+/// [`run`], with the file `config` was loaded from: it is read again on SIGHUP, on
+/// `POST /admin/v1/config/reload`, and with `server.watch_config` when it changes
+/// (`reload`).
+pub async fn run_with(
+    config: Config,
+    source: Option<ConfigSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     for renamed in &config.renamed {
@@ -41,9 +57,10 @@ pub async fn run(
         n => n,
     };
     plumbing::worker::set_count(workers);
-    let upstreams = upstreams(&config);
-    // Names resolved (and endpoint files read) before the first request; then kept current.
-    upstream::balance::start(&upstreams, &stop_rx).await;
+    // Names resolved (and endpoint files read) before the first request; then kept current,
+    // each upstream's tasks until a reload removes it or the gateway stops.
+    let running = reload::start_upstreams(&config).await;
+    let upstreams: Vec<Arc<Upstream>> = running.iter().map(|r| r.upstream().clone()).collect();
 
     let redis_clients = redis_health_clients(&config)?;
     let health =
@@ -57,14 +74,8 @@ pub async fn run(
                 source,
             })?;
     }
-    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(
-        upstreams
-            .iter()
-            .zip(&config.upstreams)
-            .map(|(u, settings)| (u.clone(), settings.retry.clone()))
-            .collect(),
-    ));
-    upstream::fleet::spawn(&config, &upstreams, stopped(&stop_rx))?;
+    let admin_upstreams = reload::LiveUpstreams::new(&config, &upstreams);
+    let fleet = reload::spawn_fleet(&config, &upstreams)?;
     let directory = stores.directory.clone();
     tokio::spawn(directory.keep_fresh(stores.db.clone(), stopped(&stop_rx)));
     let parts = stack::StackParts {
@@ -75,6 +86,19 @@ pub async fn run(
         health: health.clone(),
     };
     let service = stack::build(&config, parts);
+    // Both listeners serve through the reloader, which swaps in a reloaded configuration.
+    let reloader = reload::Reloader::new(reload::Parts {
+        source,
+        config: config.clone(),
+        stores: stores.clone(),
+        health: health.clone(),
+        metrics,
+        upstreams: running,
+        view: admin_upstreams,
+        fleet,
+        proxy: service,
+    });
+    tokio::spawn(reloader.clone().watch(stopped(&stop_rx)));
 
     let listener = bind(config.server.listen, "server.listen").await?;
     let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
@@ -90,14 +114,13 @@ pub async fn run(
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
     banner::print(&config);
 
-    let ops = pipeline::health::router(health.clone(), metrics);
-    let admin_app = admin::router(&config, &stores, admin_upstreams, ops);
     let admin = tokio::spawn(admin::serve(
         admin_listener,
-        admin_app,
+        reloader.admin_service(),
         admin_options,
         stopped(&stop_rx),
     ));
+    let service = reloader.proxy_service();
     edge::listener::serve_workers(listener, service, options, workers, async move {
         shutdown.await;
         tracing::info!("shutdown requested");
@@ -106,6 +129,7 @@ pub async fn run(
     .await;
 
     let _ = stop_tx.send(true);
+    reloader.stop().await;
     let _ = admin.await;
     stores.close().await;
     // Queued spans are flushed (bounded by the exporter's timeout) on a blocking thread.
@@ -128,24 +152,28 @@ pub(crate) fn upstreams(config: &Config) -> Vec<Arc<Upstream>> {
     config
         .upstreams
         .iter()
-        .map(|u| {
-            let state = UpstreamState::new(
-                u.name.as_str(),
-                u.endpoints.len(),
-                u.dedupes_idempotency_keys,
-                u.budget,
-                u.circuit_breaker,
-            )
-            .with_client_retry_window(u.client_retry_window);
-            let state = Arc::new(match u.adaptive {
-                Some(adaptive) => state.with_adaptive(adaptive),
-                None => state,
-            });
-            let hosts_file = config.discovery.hosts_file.as_deref();
-            let buffer = config.server.response_buffer_bytes;
-            Arc::new(Upstream::new(u, hosts_file, state, buffer))
-        })
+        .map(|u| upstream_for(config, u))
         .collect()
+}
+
+/// One upstream's pool and retry state. What it reads (`u`, `discovery.hosts_file`,
+/// `server.response_buffer_bytes`) is what `reload` compares to keep a running one.
+pub(crate) fn upstream_for(config: &Config, u: &UpstreamSettings) -> Arc<Upstream> {
+    let state = UpstreamState::new(
+        u.name.as_str(),
+        u.endpoints.len(),
+        u.dedupes_idempotency_keys,
+        u.budget,
+        u.circuit_breaker,
+    )
+    .with_client_retry_window(u.client_retry_window);
+    let state = Arc::new(match u.adaptive {
+        Some(adaptive) => state.with_adaptive(adaptive),
+        None => state,
+    });
+    let hosts_file = config.discovery.hosts_file.as_deref();
+    let buffer = config.server.response_buffer_bytes;
+    Arc::new(Upstream::new(u, hosts_file, state, buffer))
 }
 
 /// Open connections at most on the admin listener: apart from the proxy listener's cap, so
