@@ -498,17 +498,19 @@ async fn an_upstream_the_reload_did_not_touch_keeps_its_pooled_connection() {
     );
     install(&gateway, &text);
     let summary = reload_ok(&gateway).await;
+    assert_eq!(status(&gateway, "/steady/3", None).await, 200);
+    // The steady upstream saw no new TCP connection: its pool carried over.
+    assert_eq!(steady.connections(), 1, "steady pool was rebuilt");
+    for path in ["/extra/4", "/moving/3"] {
+        assert_eq!(status(&gateway, path, None).await, 200);
+    }
+    // The changed one was rebuilt and connected again.
+    assert_eq!(moving.connections(), 2);
+    assert_eq!(steady.connections(), 1);
+    assert_eq!(steady.hit_count(), 4);
     assert_eq!(summary["upstreams"]["kept"], serde_json::json!(["steady"]));
     assert_eq!(
         summary["upstreams"]["changed"],
         serde_json::json!(["moving"])
     );
-    for path in ["/steady/3", "/extra/4", "/moving/3"] {
-        assert_eq!(status(&gateway, path, None).await, 200);
-    }
-    // The steady upstream saw no new TCP connection: its pool carried over; the changed
-    // one was rebuilt and connected again.
-    assert_eq!(steady.connections(), 1, "steady pool was rebuilt");
-    assert_eq!(moving.connections(), 2);
-    assert_eq!(steady.hit_count(), 4);
 }
