@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::{header, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use portcullis_control::admin::{UpstreamStatus, UpstreamsView};
@@ -98,7 +98,7 @@ struct Fixed {
 }
 
 macro_rules! fixed {
-    ($field:literal, $reason:expr, |$c:ident| $value:expr) => {
+    ($field:literal, $reason:expr, $c:ident => $value:expr) => {
         Fixed {
             field: $field,
             value: |$c: &Config| format!("{:?}", $value),
@@ -109,67 +109,35 @@ macro_rules! fixed {
 
 /// Every field a reload refuses to change, with the reason (`docs/operations.md` lists them).
 const RESTART_ONLY: &[Fixed] = &[
-    fixed!("server.listen", LISTENER_ADDRESS, |c| c.server.listen),
-    fixed!("server.admin_listen", LISTENER_ADDRESS, |c| c
-        .server
-        .admin_listen),
-    fixed!("server.worker_threads", WORKERS, |c| c
-        .server
-        .worker_threads),
-    fixed!("server.max_connections", LISTENER, |c| c
-        .server
-        .max_connections),
-    fixed!("server.max_header_bytes", LISTENER, |c| c
-        .server
-        .max_header_bytes),
-    fixed!("server.response_buffer_bytes", LISTENER, |c| c
-        .server
-        .response_buffer_bytes),
-    fixed!("server.header_read_timeout", LISTENER, |c| c
-        .server
-        .header_read_timeout),
-    fixed!("server.keep_alive_timeout", LISTENER, |c| c
-        .server
-        .keep_alive_timeout),
-    fixed!("server.send_timeout", LISTENER, |c| c.server.send_timeout),
-    fixed!("server.shutdown_grace", LISTENER, |c| c
-        .server
-        .shutdown_grace),
-    fixed!("server.h2c", LISTENER, |c| c.server.h2c),
-    fixed!("server.http2", LISTENER, |c| c.server.http2),
-    fixed!("server.tls", CERT_PATHS, |c| c.server.tls),
-    fixed!("server.admin_tls", CERT_PATHS, |c| c.server.admin_tls),
-    fixed!("server.log_format", LOGGING, |c| c.server.log_format),
-    fixed!("storage.state", STORAGE, |c| c.storage.state),
-    fixed!("storage.idempotency", STORAGE, |c| c.storage.idempotency),
-    fixed!("storage.database", STORAGE, |c| c.storage.database),
-    fixed!("storage.memory_max_bytes", STORAGE, |c| c
-        .storage
-        .memory_max_bytes),
-    fixed!("storage.memory_shares", STORAGE, |c| c
-        .storage
-        .memory_shares),
-    fixed!("storage.state_timeout", STORAGE, |c| c
-        .storage
-        .state_timeout),
-    fixed!("storage.postgres_pool_size", STORAGE, |c| c
-        .storage
-        .postgres_pool_size),
-    fixed!("rate_limit.on_store_error", LIMITER, |c| c
-        .rate_limit
-        .on_store_error),
-    fixed!("rate_limit.replicas", LIMITER, |c| c.rate_limit.replicas),
-    fixed!("rate_limit.sync", LIMITER, |c| c.rate_limit.sync),
-    fixed!("telemetry.otlp_endpoint", TRACING, |c| c
-        .telemetry
-        .otlp_endpoint),
-    fixed!("telemetry.sampling_ratio", TRACING, |c| c
-        .telemetry
-        .sampling_ratio),
-    fixed!("telemetry.service_name", TRACING, |c| c
-        .telemetry
-        .service_name),
-    fixed!("demo", DEMO, |c| (c.demo.enabled, c.demo.listen)),
+    fixed!("server.listen", LISTENER_ADDRESS, c => c.server.listen),
+    fixed!("server.admin_listen", LISTENER_ADDRESS, c => c.server.admin_listen),
+    fixed!("server.worker_threads", WORKERS, c => c.server.worker_threads),
+    fixed!("server.max_connections", LISTENER, c => c.server.max_connections),
+    fixed!("server.max_header_bytes", LISTENER, c => c.server.max_header_bytes),
+    fixed!("server.response_buffer_bytes", LISTENER, c => c.server.response_buffer_bytes),
+    fixed!("server.header_read_timeout", LISTENER, c => c.server.header_read_timeout),
+    fixed!("server.keep_alive_timeout", LISTENER, c => c.server.keep_alive_timeout),
+    fixed!("server.send_timeout", LISTENER, c => c.server.send_timeout),
+    fixed!("server.shutdown_grace", LISTENER, c => c.server.shutdown_grace),
+    fixed!("server.h2c", LISTENER, c => c.server.h2c),
+    fixed!("server.http2", LISTENER, c => c.server.http2),
+    fixed!("server.tls", CERT_PATHS, c => c.server.tls),
+    fixed!("server.admin_tls", CERT_PATHS, c => c.server.admin_tls),
+    fixed!("server.log_format", LOGGING, c => c.server.log_format),
+    fixed!("storage.state", STORAGE, c => c.storage.state),
+    fixed!("storage.idempotency", STORAGE, c => c.storage.idempotency),
+    fixed!("storage.database", STORAGE, c => c.storage.database),
+    fixed!("storage.memory_max_bytes", STORAGE, c => c.storage.memory_max_bytes),
+    fixed!("storage.memory_shares", STORAGE, c => c.storage.memory_shares),
+    fixed!("storage.state_timeout", STORAGE, c => c.storage.state_timeout),
+    fixed!("storage.postgres_pool_size", STORAGE, c => c.storage.postgres_pool_size),
+    fixed!("rate_limit.on_store_error", LIMITER, c => c.rate_limit.on_store_error),
+    fixed!("rate_limit.replicas", LIMITER, c => c.rate_limit.replicas),
+    fixed!("rate_limit.sync", LIMITER, c => c.rate_limit.sync),
+    fixed!("telemetry.otlp_endpoint", TRACING, c => c.telemetry.otlp_endpoint),
+    fixed!("telemetry.sampling_ratio", TRACING, c => c.telemetry.sampling_ratio),
+    fixed!("telemetry.service_name", TRACING, c => c.telemetry.service_name),
+    fixed!("demo", DEMO, c => (c.demo.enabled, c.demo.listen)),
 ];
 
 /// The first restart-only field that differs between `running` and `next`.
@@ -837,8 +805,6 @@ async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request, next:
     }
 }
 
-use axum::response::IntoResponse;
-
 #[cfg(unix)]
 type Hangup = tokio::signal::unix::Signal;
 #[cfg(not(unix))]
@@ -911,6 +877,15 @@ upstream = "a"
                 .replace("[server]", "[server]\nwatch_config = true"),
         );
         assert!(needs_restart(&running, &next).is_ok());
+    }
+
+    #[test]
+    fn without_a_file_a_reload_is_a_conflict_and_a_bad_file_unprocessable() {
+        assert_eq!(ReloadError::NoFile.problem().status(), StatusCode::CONFLICT);
+        let bad = BASE.replace("upstream = \"a\"", "upstream = \"b\"");
+        let err = ReloadError::from(Config::parse(&bad, &ProcessEnv).unwrap_err());
+        assert_eq!(err.fields(), ["routes[0].upstream"]);
+        assert_eq!(err.problem().status(), StatusCode::UNPROCESSABLE_ENTITY);
     }
 
     #[test]
