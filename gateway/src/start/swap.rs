@@ -5,10 +5,12 @@
 //! The listener clones its service once per connection and once per request (see
 //! `edge::listener`), and a request runs to its end on the clone it started with. So the
 //! check lives in `clone`: one atomic load of the generation, and only when it changed (a
-//! reload happened) one load of the new pipeline. A request therefore runs entirely on the
-//! old pipeline or entirely on the new one; requests in flight finish on theirs; connections
-//! stay open and their next request takes the new one.
+//! reload happened) one load of the new pipeline, which the connection's own copy keeps
+//! from then on. A request therefore runs entirely on the old pipeline or entirely on the
+//! new one; requests in flight finish on theirs; connections stay open and their next
+//! request takes the new one (an idle connection holds the old pipeline until then).
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,11 +48,9 @@ impl Swap {
 
     /// The service to hand to the listener.
     pub(crate) fn service(self: &Arc<Self>) -> HttpService {
-        let (generation, service) = self.current();
         HttpService::new(Swapping {
             swap: self.clone(),
-            generation,
-            service,
+            cached: RefCell::new(self.current()),
         })
     }
 
@@ -67,25 +67,32 @@ impl Swap {
     }
 }
 
-/// [`Swap`]'s service: the pipeline of the generation it was cloned at.
+/// [`Swap`]'s service: the pipeline of the generation it was last cloned at, and that
+/// generation. (`Send`, not `Sync`, like the boxed service it holds: one connection's.)
 struct Swapping {
     swap: Arc<Swap>,
-    generation: u64,
-    service: HttpService,
+    cached: RefCell<(u64, HttpService)>,
 }
 
 impl Clone for Swapping {
     fn clone(&self) -> Self {
-        let (generation, service) =
-            if self.swap.generation.load(Ordering::Acquire) == self.generation {
-                (self.generation, self.service.clone())
-            } else {
-                self.swap.current()
-            };
+        let generation = self.swap.generation.load(Ordering::Acquire);
+        // Nothing re-enters a clone, so the borrow is always free; if it were not, the
+        // copy would just not be refreshed.
+        let cached = match self.cached.try_borrow_mut() {
+            Ok(mut cached) => {
+                if cached.0 != generation {
+                    // Refreshed in place: the connection's copy keeps the new pipeline
+                    // and lets the old one go.
+                    *cached = self.swap.current();
+                }
+                (cached.0, cached.1.clone())
+            }
+            Err(_) => self.swap.current(),
+        };
         Self {
             swap: self.swap.clone(),
-            generation,
-            service,
+            cached: RefCell::new(cached),
         }
     }
 }
@@ -96,11 +103,11 @@ impl Service<Request<Body>> for Swapping {
     type Future = <HttpService as Service<Request<Body>>>::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.service.poll_ready(cx)
+        self.cached.get_mut().1.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        self.service.call(request)
+        self.cached.get_mut().1.call(request)
     }
 }
 
@@ -146,5 +153,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(&bytes[..], b"old");
+    }
+
+    #[tokio::test]
+    async fn a_connection_lets_the_old_pipeline_go_at_its_next_request() {
+        let marker = Arc::new(());
+        let held = marker.clone();
+        let old = HttpService::new(tower::service_fn(move |_req: Request<Body>| {
+            let _ = &held;
+            async { Ok::<_, Infallible>(Response::new(Body::from("old"))) }
+        }));
+        let swap = Swap::new(old);
+        let connection = swap.service();
+        assert_eq!(body(&connection).await, "old");
+        swap.replace(answering("new"));
+        assert!(
+            Arc::strong_count(&marker) > 1,
+            "the connection still holds it"
+        );
+        assert_eq!(body(&connection).await, "new");
+        assert_eq!(Arc::strong_count(&marker), 1, "nothing holds the old one");
     }
 }
