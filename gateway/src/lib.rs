@@ -6,7 +6,8 @@
 //! into one pipeline and runs the listeners ([`run`]). The request path, layer by layer, is
 //! described in one place: `stack/mod.rs`. The folders:
 //!
-//! - [`config`]: the TOML file, parsed once, validated fully, then frozen;
+//! - [`config`]: the TOML file, parsed and validated fully, then frozen (a reload builds a
+//!   new pipeline from a new one: `start::reload`);
 //! - [`plumbing`]: what the layers share (step scaffold, held bodies, client address,
 //!   request context, header names);
 //! - [`telemetry`]: metrics, access log, traces;
@@ -45,4 +46,4 @@ mod start;
 pub mod tls;
 pub(crate) mod upstream;
 
-pub use start::{run, StartError};
+pub use start::{run, run_with, ConfigSource, StartError};

@@ -149,11 +149,22 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Some(path) => Config::load(path, &ProcessEnv)?,
         None => Config::parse(EMBEDDED_CONFIG, &ProcessEnv)?,
     };
-    match cli.log_format.as_deref() {
-        Some("json") => config.server.log_format = LogFormat::Json,
-        Some(_) => config.server.log_format = LogFormat::Human,
-        None => {}
+    let log_format = match cli.log_format.as_deref() {
+        Some("json") => Some(LogFormat::Json),
+        Some(_) => Some(LogFormat::Human),
+        None => None,
+    };
+    if let Some(format) = log_format {
+        config.server.log_format = format;
     }
+    // Read again on reload (SIGHUP, the admin endpoint, `server.watch_config`).
+    let source = cli.config.as_ref().map(|path| {
+        let source = portcullis_gateway::ConfigSource::file(path);
+        match log_format {
+            Some(format) => source.with_log_format(format),
+            None => source,
+        }
+    });
     // The banner is printed by `run` once both listeners are bound, in this format.
     init_tracing(config.server.log_format);
     // A current-thread runtime: requests, upstream connections and timers share one event
@@ -163,7 +174,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(portcullis_gateway::run(config, shutdown_signal()))?;
+    runtime.block_on(portcullis_gateway::run_with(
+        config,
+        source,
+        shutdown_signal(),
+    ))?;
     Ok(())
 }
 

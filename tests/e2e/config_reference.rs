@@ -45,6 +45,7 @@ request_buffer_bytes = 1048576
 log_format = "human"
 worker_threads = 0
 h2c = true
+watch_config = false
 http2 = { max_concurrent_streams = 256, max_header_list_size = 32768, initial_stream_window_size = 1048576, initial_connection_window_size = 1048576 }
 tls = { cert = "cert.pem", key = "key.pem" }
 admin_tls = { cert = "cert.pem", key = "key.pem" }

@@ -16,6 +16,8 @@ mod config_errors;
 mod shutdown;
 // Zero-downtime binary upgrade: SIGUSR2 and `portcullis upgrade --pid` hand the sockets to a successor under an open-loop load, 0 failed requests; a failing successor changes nothing.
 mod upgrade;
+// Live reload of the configuration file: SIGHUP, admin endpoint, file watcher; nothing dropped, state carried over.
+mod reload;
 // WebSocket tunnels with the stock Python websockets library: echo, caps, idle, lifetime, drain.
 mod websocket;
 // The harness itself: real Redis, real PostgreSQL with migrations, gateway on both.

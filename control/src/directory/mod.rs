@@ -302,7 +302,7 @@ impl Directory {
 
     /// Loads the database's tenants and installs them, unless the admin API or the poll
     /// installed a newer snapshot meanwhile: the directory never goes back to an older one.
-    pub(crate) async fn reload(&self, db: &Database) -> Result<Arc<Snapshot>, DbError> {
+    pub async fn reload(&self, db: &Database) -> Result<Arc<Snapshot>, DbError> {
         let rows = db.load_rows().await?;
         let fresh = Arc::new(Snapshot::from_rows(rows, &self.current.load()));
         self.current.rcu(|current| {

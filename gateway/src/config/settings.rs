@@ -133,6 +133,8 @@ pub struct ServerSettings {
     pub worker_threads: usize,
     /// HTTP/2 prior knowledge on the plain listener.
     pub h2c: bool,
+    /// Reload the configuration when its file changes (`start::reload`).
+    pub watch_config: bool,
     /// HTTP/2 limits toward clients.
     pub http2: Http2Settings,
     /// Proxy listener certificate; `None` → plain HTTP.

@@ -239,6 +239,7 @@ fn server(raw: &raw::RawServer, issues: &mut Issues) -> ServerSettings {
         log_format,
         worker_threads: raw.worker_threads,
         h2c: raw.h2c,
+        watch_config: raw.watch_config,
         http2: super::tls::http2(raw, issues),
         tls: super::tls::listener_tls("server.tls", raw.tls.as_ref(), issues),
         admin_tls: super::tls::listener_tls("server.admin_tls", raw.admin_tls.as_ref(), issues),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::get;
@@ -30,7 +31,8 @@ pub struct Health {
     db: Database,
     /// Each Redis deployment in use, with the configuration field that names it.
     redis: Vec<(&'static str, RedisClient)>,
-    upstreams: Vec<Arc<Upstream>>,
+    /// Replaced by a configuration reload.
+    upstreams: ArcSwap<Vec<Arc<Upstream>>>,
 }
 
 // === impl Health ===
@@ -42,14 +44,19 @@ impl Health {
             draining: AtomicBool::new(false),
             db,
             redis,
-            upstreams: Vec::new(),
+            upstreams: ArcSwap::from_pointee(Vec::new()),
         }
     }
 
     /// Also not ready while an upstream has no usable endpoint (see `ready`).
-    pub(crate) fn with_upstreams(mut self, upstreams: Vec<Arc<Upstream>>) -> Self {
-        self.upstreams = upstreams;
+    pub(crate) fn with_upstreams(self, upstreams: Vec<Arc<Upstream>>) -> Self {
+        self.set_upstreams(upstreams);
         self
+    }
+
+    /// The upstreams of a reloaded configuration.
+    pub(crate) fn set_upstreams(&self, upstreams: Vec<Arc<Upstream>>) {
+        self.upstreams.store(Arc::new(upstreams));
     }
 
     /// Marks the process as draining: `/readyz` answers 503 from now on.
@@ -64,8 +71,8 @@ impl Health {
         if self.draining.load(Ordering::SeqCst) {
             return Err("shutting down".into());
         }
-        let down: Vec<&str> = self
-            .upstreams
+        let upstreams = self.upstreams.load_full();
+        let down: Vec<&str> = upstreams
             .iter()
             .filter(|u| !u.balancer().any_usable())
             .map(|u| u.balancer().name())

@@ -17,16 +17,20 @@ use crate::{edge, plumbing};
 /// connection guard's refusals are answered here too.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
-    app: axum::Router,
+    service: edge::listener::HttpService,
     options: ServeOptions,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) {
-    let service = edge::listener::HttpService::new(
+    edge::listener::serve(listener, service, options, stopped).await;
+}
+
+/// The admin listener's service around `app`: the connection guard's refusals answered.
+pub(crate) fn service(app: axum::Router) -> edge::listener::HttpService {
+    edge::listener::HttpService::new(
         tower::ServiceBuilder::new()
             .layer(plumbing::step::StepLayer::new(edge::framing::Smuggling))
             .service(app),
-    );
-    edge::listener::serve(listener, service, options, stopped).await;
+    )
 }
 
 /// The admin listener's app: operations routes, plus the admin API when a token is set.

@@ -4,17 +4,20 @@
 
 mod admin;
 mod error;
+mod reload;
 mod stores;
+mod swap;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use error::StartError;
+pub use reload::ConfigSource;
 pub(crate) use stores::tenant_seeds;
 use stores::Stores;
 
-use crate::config::{Config, IdempotencyBackend, StateBackend};
+use crate::config::{Config, IdempotencyBackend, StateBackend, UpstreamSettings};
 use crate::edge::listener::ServeOptions;
 use crate::pipeline::health::Health;
 use crate::upstream::proxy::Upstream;
@@ -24,8 +27,21 @@ use portcullis_retry::UpstreamState;
 
 /// Starts everything the configuration asks for and serves until `shutdown` resolves; then
 /// stops accepting, marks itself not ready, and drains within `server.shutdown_grace`.
+/// Without a file to read again, a reload (SIGHUP, the admin endpoint) answers that there
+/// is none: see [`run_with`].
 pub async fn run(
     config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    run_with(config, None, shutdown).await
+}
+
+/// [`run`], with the file `config` was loaded from: it is read again on SIGHUP, on
+/// `POST /admin/v1/config/reload`, and with `server.watch_config` when it changes
+/// (`reload`).
+pub async fn run_with(
+    config: Config,
+    source: Option<ConfigSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     for renamed in &config.renamed {
@@ -44,9 +60,10 @@ pub async fn run(
         n => n,
     };
     plumbing::worker::set_count(workers);
-    let upstreams = upstreams(&config);
-    // Names resolved (and endpoint files read) before the first request; then kept current.
-    upstream::balance::start(&upstreams, &stop_rx).await;
+    // Names resolved (and endpoint files read) before the first request; then kept current,
+    // each upstream's tasks until a reload removes it or the gateway stops.
+    let running = reload::start_upstreams(&config).await;
+    let upstreams: Vec<Arc<Upstream>> = running.iter().map(|r| r.upstream().clone()).collect();
 
     let redis_clients = redis_health_clients(&config)?;
     let health =
@@ -63,37 +80,18 @@ pub async fn run(
         })?;
         upstream::demo::serve(demo, stopped(&stop_rx));
     }
-    let admin_upstreams = Arc::new(upstream::balance::status::Upstreams(
-        upstreams
-            .iter()
-            .zip(&config.upstreams)
-            .map(|(u, settings)| (u.clone(), settings.retry.clone()))
-            .collect(),
-    ));
-    upstream::fleet::spawn(&config, &upstreams, stopped(&stop_rx))?;
+    let admin_upstreams = reload::LiveUpstreams::new(&config, &upstreams);
+    let fleet = reload::spawn_fleet(&config, &upstreams)?;
     let directory = stores.directory.clone();
     tokio::spawn(directory.keep_fresh(stores.db.clone(), stopped(&stop_rx)));
     let deliveries = open_queue(&config).await?;
     if let Some(deliveries) = &deliveries {
-        let table = pipeline::router::RouteTable::new(
-            &config.routes,
-            &upstreams
-                .iter()
-                .map(|u| u.state().clone())
-                .collect::<Vec<_>>(),
-        );
-        let parts = pipeline::deliveries::worker::WorkerParts {
-            deliveries: deliveries.clone(),
-            service: stack::delivery(upstreams.clone()),
-            directory: stores.directory.clone(),
-            clock: Arc::new(portcullis_retry::SystemWallClock),
-        };
-        pipeline::deliveries::worker::spawn(table.routes(), &parts, &stop_rx);
         pipeline::deliveries::worker::spawn_sweeper(deliveries.clone(), stop_rx.clone());
     }
-    let parts_deliveries = deliveries.clone();
+    let delivery_workers =
+        reload::start_deliveries(&config, deliveries.as_ref(), &upstreams, &stores.directory);
     let parts = stack::StackParts {
-        deliveries,
+        deliveries: deliveries.clone(),
         upstreams,
         directory: stores.directory.clone(),
         idempotency_store: stores.idempotency.clone(),
@@ -101,6 +99,21 @@ pub async fn run(
         health: health.clone(),
     };
     let service = stack::build(&config, parts);
+    // Both listeners serve through the reloader, which swaps in a reloaded configuration.
+    let reloader = reload::Reloader::new(reload::Parts {
+        source,
+        config: config.clone(),
+        stores: stores.clone(),
+        health: health.clone(),
+        metrics,
+        upstreams: running,
+        view: admin_upstreams,
+        fleet,
+        deliveries,
+        workers: delivery_workers,
+        proxy: service,
+    });
+    tokio::spawn(reloader.clone().watch(stopped(&stop_rx)));
 
     let listener = bind(config.server.listen, "server.listen", &mut inherited).await?;
     let admin_listener = bind(
@@ -129,14 +142,6 @@ pub async fn run(
     tracing::info!(listen = %config.server.listen, admin = %config.server.admin_listen, "portcullis listening");
     banner::print(&config);
 
-    let ops = pipeline::health::router(health.clone(), metrics);
-    let admin_app = admin::router(
-        &config,
-        &stores,
-        admin_upstreams,
-        ops,
-        parts_deliveries.as_ref(),
-    );
     // Handed over: the admin listener stops accepting at once too (the successor answers
     // `/readyz` on the same socket); on a plain shutdown it keeps saying "draining".
     let admin_stop = {
@@ -150,13 +155,14 @@ pub async fn run(
     };
     let admin = tokio::spawn(admin::serve(
         admin_listener,
-        admin_app,
+        reloader.admin_service(),
         admin_options,
         admin_stop,
     ));
     // Started: a predecessor that handed its sockets over stops accepting now.
     inherited.ready();
     let handed = handed_over.wait();
+    let service = reloader.proxy_service();
     edge::listener::serve_workers(listener, service, options, workers, async move {
         tokio::select! {
             () = shutdown => tracing::info!("shutdown requested"),
@@ -167,6 +173,7 @@ pub async fn run(
     .await;
 
     let _ = stop_tx.send(true);
+    reloader.stop().await;
     let _ = admin.await;
     stores.close().await;
     // Queued spans are flushed (bounded by the exporter's timeout) on a blocking thread.
@@ -211,24 +218,28 @@ pub(crate) fn upstreams(config: &Config) -> Vec<Arc<Upstream>> {
     config
         .upstreams
         .iter()
-        .map(|u| {
-            let state = UpstreamState::new(
-                u.name.as_str(),
-                u.endpoints.len(),
-                u.dedupes_idempotency_keys,
-                u.budget,
-                u.circuit_breaker,
-            )
-            .with_client_retry_window(u.client_retry_window);
-            let state = Arc::new(match u.adaptive {
-                Some(adaptive) => state.with_adaptive(adaptive),
-                None => state,
-            });
-            let hosts_file = config.discovery.hosts_file.as_deref();
-            let buffer = config.server.response_buffer_bytes;
-            Arc::new(Upstream::new(u, hosts_file, state, buffer))
-        })
+        .map(|u| upstream_for(config, u))
         .collect()
+}
+
+/// One upstream's pool and retry state. What it reads (`u`, `discovery.hosts_file`,
+/// `server.response_buffer_bytes`) is what `reload` compares to keep a running one.
+pub(crate) fn upstream_for(config: &Config, u: &UpstreamSettings) -> Arc<Upstream> {
+    let state = UpstreamState::new(
+        u.name.as_str(),
+        u.endpoints.len(),
+        u.dedupes_idempotency_keys,
+        u.budget,
+        u.circuit_breaker,
+    )
+    .with_client_retry_window(u.client_retry_window);
+    let state = Arc::new(match u.adaptive {
+        Some(adaptive) => state.with_adaptive(adaptive),
+        None => state,
+    });
+    let hosts_file = config.discovery.hosts_file.as_deref();
+    let buffer = config.server.response_buffer_bytes;
+    Arc::new(Upstream::new(u, hosts_file, state, buffer))
 }
 
 /// Open connections at most on the admin listener: apart from the proxy listener's cap, so

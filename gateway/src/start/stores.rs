@@ -10,7 +10,9 @@ use crate::config::{self, Config};
 use crate::pipeline;
 
 /// What the gateway keeps state in: the database (tenants, keys, quotas, audit), the tenant
-/// directory read on the request path, the idempotency store and the rate limiter.
+/// directory read on the request path, the idempotency store and the rate limiter. Clones
+/// share them (the reloader keeps one).
+#[derive(Clone)]
 pub(crate) struct Stores {
     pub(crate) db: Database,
     pub(crate) directory: Arc<Directory>,

@@ -12,8 +12,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Reloads `certs` on SIGHUP and whenever their files change, until `stop` resolves.
 ///
-/// The handler for SIGHUP is installed even without certificates, so a HUP sent out of habit
-/// (as to nginx) logs "nothing to reload" instead of terminating the gateway.
+/// The handler for SIGHUP is installed even without certificates; the configuration reload
+/// (`start::reload`) answers the same signal.
 pub async fn watch(certs: Vec<Arc<ReloadableCert>>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
     let mut hangup = hangup_signal();
@@ -29,7 +29,8 @@ pub async fn watch(certs: Vec<Arc<ReloadableCert>>, stop: impl Future<Output = (
                     continue;
                 }
                 if certs.is_empty() {
-                    tracing::info!("SIGHUP: no TLS certificate configured, nothing to reload");
+                    // The configuration reloads on SIGHUP too (`start::reload`), which logs.
+                    tracing::debug!("SIGHUP: no TLS certificate configured");
                 }
                 for cert in &certs {
                     report(cert, cert.reload(true), "SIGHUP");

@@ -139,6 +139,8 @@ pub struct RawServer {
     pub worker_threads: usize,
     /// Serve HTTP/2 with prior knowledge (h2c) on the plain listener, besides HTTP/1.1.
     pub h2c: bool,
+    /// Reload the configuration when its file changes (checked once a second).
+    pub watch_config: bool,
     /// HTTP/2 limits toward clients.
     pub http2: RawHttp2,
     /// TLS on the proxy listener; absent → plain HTTP.
@@ -170,6 +172,7 @@ impl Default for RawServer {
             log_format: "human".into(),
             worker_threads: 0,
             h2c: true,
+            watch_config: false,
             http2: RawHttp2::default(),
             tls: None,
             admin_tls: None,
