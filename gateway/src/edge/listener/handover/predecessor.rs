@@ -157,6 +157,9 @@ async fn converse(
         },
     };
     let mut stream = tokio::select! {
+        // The connection first: a successor that fails early connects, writes why and
+        // exits, so both may be ready at once.
+        biased;
         accepted = listener.accept() => accepted.map_err(HandoverError::io("accepting the successor"))?.0,
         status = child.wait() => return Err(exited(status)),
     };
@@ -183,16 +186,26 @@ async fn converse(
         .writable()
         .await
         .map_err(HandoverError::io("hand-over socket"))?;
-    rustix::net::sendmsg(
+    let sent = rustix::net::sendmsg(
         &stream,
         &[IoSlice::new(b"sockets\n")],
         &mut control,
         SendFlags::empty(),
-    )
-    .map_err(|err| HandoverError::io("passing the listening sockets")(err.into()))?;
+    );
     // `ready`, or `failed: <why>`: one line, bounded.
     let mut line = String::new();
     let mut reader = tokio::io::BufReader::new((&mut stream).take(4096));
+    if let Err(err) = sent {
+        // A successor that failed before taking the sockets wrote why and closed its end.
+        let _ = reader.read_line(&mut line).await;
+        return Err(match line.strip_prefix("failed: ") {
+            Some(reason) => HandoverError::Failed {
+                pid,
+                reason: reason.trim_end().to_owned(),
+            },
+            None => HandoverError::io("passing the listening sockets")(err.into()),
+        });
+    }
     tokio::select! {
         // The line first: a successor writes why it fails just before it exits.
         biased;
