@@ -3,7 +3,7 @@
 //! headless Chromium (Debian's package, through chromedriver) logging in, creating a tenant,
 //! setting a quota (with the API's field messages shown), issuing and revoking keys, and
 //! watching the 429 count rise on the usage chart while the tenant is driven over its limit
-//! through the proxy.
+//! through the proxy; setting and clearing a tenant's WebSocket limits.
 //!
 //! With `PORTCULLIS_CONSOLE_SCREENSHOTS=<dir>` the browser test also saves a PNG of every
 //! page there (`scripts/console-screenshots.sh` refreshes `docs/console/`).
@@ -538,4 +538,157 @@ async fn top_throttled_sums_the_replicas_sharing_redis() {
         );
     }
     drop(redis);
+}
+
+/// Signs in through the form with the right token; the tenants page is shown.
+async fn sign_in(browser: &Browser, console: &str) {
+    browser.goto(console).await;
+    browser.fill("#token", TOKEN).await;
+    browser.click("#login button[type=submit]").await;
+    browser.find("#page-tenants").await;
+}
+
+async fn admin_send(
+    gw: &GatewayProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client()
+        .request(method, format!("{}/admin/v1{path}", gw.admin_url()))
+        .bearer_auth(TOKEN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_browser_sets_and_clears_a_tenants_websocket_limits() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
+    let gw = start(&upstream).await;
+    let (code, created) = admin_send(
+        &gw,
+        reqwest::Method::POST,
+        "/tenants",
+        Some(json!({"id": "sockets", "rate": 10, "burst": 20})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let browser = Browser::start().await;
+    let console = format!("{}/console", gw.admin_url());
+    sign_in(&browser, &console).await;
+    browser
+        .wait_until(
+            "the tenant listed without WebSocket limits",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === '–';",
+            json!([]),
+        )
+        .await;
+    browser.click("#tenant-table a[data-open=sockets]").await;
+    browser
+        .wait_until(
+            "sockets opened",
+            "return document.getElementById('detail-id').textContent === 'sockets';",
+            json!([]),
+        )
+        .await;
+
+    // Invalid values: the API's 422, field by field, and nothing stored.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "0")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_idle_timeout]", "soon")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    let count_error = browser
+        .wait_until(
+            "the max_websockets message",
+            "const t = document.querySelector('#quota-form [data-error=max_websockets]').textContent; return t || null;",
+            json!([]),
+        )
+        .await;
+    let idle_error = browser
+        .text("#quota-form [data-error=websocket_idle_timeout]")
+        .await;
+    assert!(
+        count_error.as_str().unwrap().starts_with("max_websockets "),
+        "{count_error}"
+    );
+    assert!(
+        idle_error.starts_with("websocket_idle_timeout "),
+        "{idle_error}"
+    );
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(tenant["max_websockets"], Value::Null, "{tenant}");
+
+    // Set all three: the admin API reads what the console wrote.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "50")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_idle_timeout]", "5m")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_max_lifetime]", "2h")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the limits in the tenant list",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === '50 · idle 5m · max 2h';",
+            json!([]),
+        )
+        .await;
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(
+        (
+            &tenant["max_websockets"],
+            &tenant["websocket_idle_timeout"],
+            &tenant["websocket_max_lifetime"]
+        ),
+        (&json!(50), &json!("5m"), &json!("2h")),
+        "{tenant}"
+    );
+    // The form shows the stored values (it is re-read after the save).
+    let shown = browser
+        .eval(
+            "return ['max_websockets', 'websocket_idle_timeout', 'websocket_max_lifetime'].map(f => document.querySelector(`#quota-form [data-field=${f}]`).value);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(shown, json!(["50", "5m", "2h"]));
+    snap(&browser, "tenant-websockets").await;
+
+    // Clear one by emptying its input: null for the API, the others kept.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the cleared limit in the tenant list",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === 'idle 5m · max 2h';",
+            json!([]),
+        )
+        .await;
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(
+        (
+            &tenant["max_websockets"],
+            &tenant["websocket_idle_timeout"],
+            &tenant["websocket_max_lifetime"]
+        ),
+        (&Value::Null, &json!("5m"), &json!("2h")),
+        "{tenant}"
+    );
+    let (_, audit) = admin_get(&gw, "/audit?tenant=sockets&action=quota.update").await;
+    assert_eq!(
+        audit["items"].as_array().map(Vec::len),
+        Some(2),
+        "two saves audited, the refused one not: {audit}"
+    );
 }

@@ -150,6 +150,9 @@ function show() {
 
 // ---- tenants ----------------------------------------------------------------------------
 
+// The tenant's own WebSocket limits: an empty input clears one (null), as for the quotas.
+const WEBSOCKET_LIMITS = ["max_websockets", "websocket_idle_timeout", "websocket_max_lifetime"];
+
 const tenantPaging = { cursors: [null], index: 0, next: null };
 let selected = null;
 
@@ -184,13 +187,23 @@ async function loadTenants() {
       el("td", null, {}, el("a", t.id, { href: "#tenants", "data-open": t.id })),
       el("td", t.name), el("td", `${t.rate}/${t.per}`), el("td", t.burst),
       el("td", t.daily_quota ?? "–"), el("td", t.monthly_quota ?? "–"),
+      el("td", websocketSummary(t), { "data-websockets": t.id }),
       el("td", throttling.get(t.id) ?? 0, { "data-throttled": t.id, class: throttling.get(t.id) ? "throttled" : "" }),
       el("td", null, {}, el("span", t.disabled ? "disabled" : "enabled", { class: `badge ${t.disabled ? "off" : "on"}` })));
     return row;
   }));
-  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "8", class: "empty" })));
+  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "9", class: "empty" })));
   $("tenant-prev").disabled = tenantPaging.index === 0;
   $("tenant-next").disabled = !tenantPaging.next;
+}
+
+/** A tenant's own WebSocket limits in one cell: "50 · idle 5m · max 24h", or "–" with none. */
+function websocketSummary(t) {
+  const parts = [];
+  if (t.max_websockets != null) parts.push(String(t.max_websockets));
+  if (t.websocket_idle_timeout != null) parts.push(`idle ${t.websocket_idle_timeout}`);
+  if (t.websocket_max_lifetime != null) parts.push(`max ${t.websocket_max_lifetime}`);
+  return parts.length ? parts.join(" · ") : "–";
 }
 
 /** After a change: the list, and the open tenant's form (its values as stored now). */
@@ -260,7 +273,7 @@ $("quota-form").addEventListener("submit", async (event) => {
   const form = event.currentTarget;
   clearErrors(form);
   try {
-    await api("PATCH", `/tenants/${enc(selected)}/quota`, formValues(form, { nullable: ["daily_quota", "monthly_quota", "max_in_flight"] }));
+    await api("PATCH", `/tenants/${enc(selected)}/quota`, formValues(form, { nullable: ["daily_quota", "monthly_quota", "max_in_flight", ...WEBSOCKET_LIMITS] }));
     flash(`Quota of ${selected} saved.`);
     await refreshTenants();
   } catch (err) { showErrors(form, err); }
