@@ -3,7 +3,9 @@
 //! headless Chromium (Debian's package, through chromedriver) logging in, creating a tenant,
 //! setting a quota (with the API's field messages shown), issuing and revoking keys, and
 //! watching the 429 count rise on the usage chart while the tenant is driven over its limit
-//! through the proxy; setting and clearing a tenant's WebSocket limits.
+//! through the proxy; setting and clearing a tenant's WebSocket limits; and the dead
+//! letters of an asynchronous route listed, inspected, replayed (the upstream receives the
+//! message again) and purged.
 //!
 //! With `PORTCULLIS_CONSOLE_SCREENSHOTS=<dir>` the browser test also saves a PNG of every
 //! page there (`scripts/console-screenshots.sh` refreshes `docs/console/`).
@@ -17,6 +19,7 @@ use portcullis_testkit::redis::RedisServer;
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
+use crate::async_delivery::{accept, config as async_config, header};
 use crate::common::{client, single_route_config, BIN};
 use webdriver::Browser;
 
@@ -691,4 +694,190 @@ async fn a_browser_sets_and_clears_a_tenants_websocket_limits() {
         Some(2),
         "two saves audited, the refused one not: {audit}"
     );
+}
+
+/// Waits (bounded) until the admin API reads delivery `id` in `state`.
+async fn until_delivery(gw: &GatewayProcess, id: &str, state: &str) {
+    for _ in 0..300 {
+        let (_, json) = admin_get(gw, &format!("/deliveries/{id}")).await;
+        if json["state"] == state {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("delivery {id} never {state}");
+}
+
+#[tokio::test]
+async fn a_browser_lists_inspects_replays_and_purges_dead_letters() {
+    // The upstream refuses the first two deliveries with a 400 (dead at once), then accepts.
+    let upstream = ScriptedUpstream::start_with_fallback(
+        vec![Step::status(400), Step::status(400)],
+        Step::ok("ok"),
+    )
+    .await;
+    let gw = GatewayProcess::start_with(BIN, &async_config(&upstream, "", ""), with_token()).await;
+    let (first, _) = accept(&gw, &[("x-api-key", "key-acme-0001")], "first-event").await;
+    until_delivery(&gw, &first, "dead").await;
+    let (second, _) = accept(&gw, &[("x-api-key", "key-acme-0001")], "second-event").await;
+    until_delivery(&gw, &second, "dead").await;
+    assert_eq!(upstream.hit_count(), 2);
+
+    let browser = Browser::start().await;
+    let console = format!("{}/console", gw.admin_url());
+    sign_in(&browser, &console).await;
+    browser.goto(&format!("{console}#deliveries")).await;
+    // The queue filter is sent: an unknown queue lists nothing.
+    browser.fill("#delivery-queue", "no-such-queue").await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "an empty listing",
+            "const b = document.querySelector('#delivery-table tbody'); return b.textContent.includes('No deliveries match') && !b.querySelector('tr[data-delivery]');",
+            json!([]),
+        )
+        .await;
+    // Both listed under "dead" (the default filter) in queue hooks.
+    browser.fill("#delivery-queue", "hooks").await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "both dead letters listed",
+            "const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')]; return rows.length === 2 && rows.every(r => r.dataset.state === 'dead') && [...arguments].every(id => rows.some(r => r.dataset.delivery === id));",
+            json!([first, second]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return document.getElementById('delivery-state').value;",
+                json!([])
+            )
+            .await,
+        json!("dead")
+    );
+
+    // The detail: the attempt (400, with its latency), the final reason, the stored headers
+    // without the credential, the small payload inline.
+    browser
+        .click(&format!("#delivery-table a[data-open-delivery='{first}']"))
+        .await;
+    let detail = browser
+        .wait_until(
+            "the first dead letter's detail",
+            "const d = document.getElementById('delivery-detail'); if (d.hidden || d.dataset.delivery !== arguments[0]) return null;
+             const rows = [...document.querySelectorAll('#attempt-table tr[data-attempt]')];
+             return { attempts: rows.map(r => [r.cells[0].textContent, r.cells[2].textContent, r.cells[3].textContent.endsWith(' ms'), r.cells[1].textContent.length > 0]),
+                      reason: document.querySelector(\"#delivery-fields [data-field='final reason']\").textContent,
+                      headers: document.getElementById('header-table').textContent,
+                      payload: document.getElementById('payload').hidden ? null : document.getElementById('payload').textContent };",
+            json!([first]),
+        )
+        .await;
+    assert_eq!(
+        detail["attempts"],
+        json!([["1", "HTTP 400", true, true]]),
+        "{detail}"
+    );
+    assert!(
+        detail["reason"].as_str().unwrap().contains("400"),
+        "{detail}"
+    );
+    assert_eq!(detail["payload"], "first-event", "{detail}");
+    assert!(
+        !detail["headers"]
+            .as_str()
+            .unwrap()
+            .contains("key-acme-0001"),
+        "{detail}"
+    );
+    snap(&browser, "deliveries").await;
+
+    // Replay, confirmed: the upstream receives it again, with the same Idempotency-Key.
+    browser.click("#delivery-replay").await;
+    assert!(browser
+        .text("#delivery-confirm-text")
+        .await
+        .contains(&first));
+    browser.click("#delivery-yes").await;
+    crate::async_delivery::until("the upstream received the replay", || {
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"first-event")
+            .count()
+            == 2
+    })
+    .await;
+    let keys: Vec<String> = upstream
+        .hits()
+        .iter()
+        .filter(|h| &h.body[..] == b"first-event")
+        .map(|h| header(h, "idempotency-key").to_owned())
+        .collect();
+    assert_eq!(
+        keys,
+        [format!("delivery-{first}"), format!("delivery-{first}")]
+    );
+    browser
+        .wait_until(
+            "the detail shows it delivered, the dead list no longer has it",
+            "const d = document.getElementById('delivery-detail'); const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')];
+             return d.dataset.state === 'delivered' && document.querySelectorAll('#attempt-table tr[data-attempt]').length === 2 && rows.length === 1 && rows[0].dataset.delivery === arguments[1];",
+            json!([first, second]),
+        )
+        .await;
+
+    // Purge: nothing happens until confirmed; then it is gone, never sent again.
+    browser
+        .click(&format!("#delivery-table a[data-open-delivery='{second}']"))
+        .await;
+    browser
+        .wait_until(
+            "the second dead letter's detail",
+            "return document.getElementById('delivery-detail').dataset.delivery === arguments[0];",
+            json!([second]),
+        )
+        .await;
+    browser.click("#delivery-purge").await;
+    assert!(browser
+        .text("#delivery-confirm-text")
+        .await
+        .contains(&second));
+    assert_eq!(
+        admin_get(&gw, &format!("/deliveries/{second}")).await.0,
+        200,
+        "not purged before the confirmation"
+    );
+    browser.click("#delivery-yes").await;
+    browser
+        .wait_until(
+            "the purged letter gone from the list and the detail closed",
+            "return document.getElementById('delivery-detail').hidden && !document.querySelector('#delivery-table tr[data-delivery]');",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        admin_get(&gw, &format!("/deliveries/{second}")).await.0,
+        404
+    );
+    assert_eq!(
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"second-event")
+            .count(),
+        1,
+        "a purged message is not delivered again"
+    );
+
+    // Both changes went through the admin API: audited as the console.
+    let (_, audit) = admin_get(&gw, "/audit?actor=admin-token:console&limit=50").await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .map(|items| items.iter().filter_map(|e| e["action"].as_str()).collect())
+        .unwrap_or_default();
+    for action in ["delivery.replay", "delivery.purge"] {
+        assert!(actions.contains(&action), "{action} not audited: {audit}");
+    }
 }
