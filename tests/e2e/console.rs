@@ -871,13 +871,45 @@ async fn a_browser_lists_inspects_replays_and_purges_dead_letters() {
         "a purged message is not delivered again"
     );
 
-    // Both changes went through the admin API: audited as the console.
+    // Bulk replay of what the filter matches (here the delivered message), confirmed.
+    browser
+        .eval(
+            "document.getElementById('delivery-state').value = 'delivered';",
+            json!([]),
+        )
+        .await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the delivered message listed",
+            "const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')]; return rows.length === 1 && rows[0].dataset.delivery === arguments[0];",
+            json!([first]),
+        )
+        .await;
+    browser.click("#delivery-replay-all").await;
+    let scope = browser.text("#bulk-text").await;
+    assert!(
+        scope.contains("state delivered") && scope.contains("queue hooks"),
+        "{scope}"
+    );
+    browser.click("#bulk-yes").await;
+    crate::async_delivery::until("the upstream received the bulk replay", || {
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"first-event")
+            .count()
+            == 3
+    })
+    .await;
+
+    // Every change went through the admin API: audited as the console.
     let (_, audit) = admin_get(&gw, "/audit?actor=admin-token:console&limit=50").await;
     let actions: Vec<&str> = audit["items"]
         .as_array()
         .map(|items| items.iter().filter_map(|e| e["action"].as_str()).collect())
         .unwrap_or_default();
-    for action in ["delivery.replay", "delivery.purge"] {
+    for action in ["delivery.replay", "delivery.purge", "delivery.replay_many"] {
         assert!(actions.contains(&action), "{action} not audited: {audit}");
     }
 }
