@@ -7,7 +7,7 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   apt-get install -y chromium chromium-driver
 fi
 PORTCULLIS_CONSOLE_SCREENSHOTS="$PWD/docs/console" \
-  cargo test -p portcullis-gateway --test e2e console::a_browser_administers -- --exact --nocapture 2>/dev/null \
+  cargo test -p portcullis-gateway --test e2e console::a_browser_ -- --nocapture 2>/dev/null \
   || PORTCULLIS_CONSOLE_SCREENSHOTS="$PWD/docs/console" \
-     cargo test -p portcullis-gateway --test e2e console::a_browser_administers
+     cargo test -p portcullis-gateway --test e2e console::a_browser_
 ls -l docs/console

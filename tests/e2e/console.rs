@@ -3,7 +3,9 @@
 //! headless Chromium (Debian's package, through chromedriver) logging in, creating a tenant,
 //! setting a quota (with the API's field messages shown), issuing and revoking keys, and
 //! watching the 429 count rise on the usage chart while the tenant is driven over its limit
-//! through the proxy.
+//! through the proxy; setting and clearing a tenant's WebSocket limits; and the dead
+//! letters of an asynchronous route listed, inspected, replayed (the upstream receives the
+//! message again) and purged.
 //!
 //! With `PORTCULLIS_CONSOLE_SCREENSHOTS=<dir>` the browser test also saves a PNG of every
 //! page there (`scripts/console-screenshots.sh` refreshes `docs/console/`).
@@ -17,6 +19,7 @@ use portcullis_testkit::redis::RedisServer;
 use portcullis_testkit::upstream::{ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
+use crate::async_delivery::{accept, config as async_config, header};
 use crate::common::{client, single_route_config, BIN};
 use webdriver::Browser;
 
@@ -538,4 +541,375 @@ async fn top_throttled_sums_the_replicas_sharing_redis() {
         );
     }
     drop(redis);
+}
+
+/// Signs in through the form with the right token; the tenants page is shown.
+async fn sign_in(browser: &Browser, console: &str) {
+    browser.goto(console).await;
+    browser.fill("#token", TOKEN).await;
+    browser.click("#login button[type=submit]").await;
+    browser.find("#page-tenants").await;
+}
+
+async fn admin_send(
+    gw: &GatewayProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client()
+        .request(method, format!("{}/admin/v1{path}", gw.admin_url()))
+        .bearer_auth(TOKEN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_browser_sets_and_clears_a_tenants_websocket_limits() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("ok")).await;
+    let gw = start(&upstream).await;
+    let (code, created) = admin_send(
+        &gw,
+        reqwest::Method::POST,
+        "/tenants",
+        Some(json!({"id": "sockets", "rate": 10, "burst": 20})),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    let browser = Browser::start().await;
+    let console = format!("{}/console", gw.admin_url());
+    sign_in(&browser, &console).await;
+    browser
+        .wait_until(
+            "the tenant listed without WebSocket limits",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === '–';",
+            json!([]),
+        )
+        .await;
+    browser.click("#tenant-table a[data-open=sockets]").await;
+    browser
+        .wait_until(
+            "sockets opened",
+            "return document.getElementById('detail-id').textContent === 'sockets';",
+            json!([]),
+        )
+        .await;
+
+    // Invalid values: the API's 422, field by field, and nothing stored.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "0")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_idle_timeout]", "soon")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    let count_error = browser
+        .wait_until(
+            "the max_websockets message",
+            "const t = document.querySelector('#quota-form [data-error=max_websockets]').textContent; return t || null;",
+            json!([]),
+        )
+        .await;
+    let idle_error = browser
+        .text("#quota-form [data-error=websocket_idle_timeout]")
+        .await;
+    assert!(
+        count_error.as_str().unwrap().starts_with("max_websockets "),
+        "{count_error}"
+    );
+    assert!(
+        idle_error.starts_with("websocket_idle_timeout "),
+        "{idle_error}"
+    );
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(tenant["max_websockets"], Value::Null, "{tenant}");
+
+    // Set all three: the admin API reads what the console wrote.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "50")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_idle_timeout]", "5m")
+        .await;
+    browser
+        .fill("#quota-form [data-field=websocket_max_lifetime]", "2h")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the limits in the tenant list",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === '50 · idle 5m · max 2h';",
+            json!([]),
+        )
+        .await;
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(
+        (
+            &tenant["max_websockets"],
+            &tenant["websocket_idle_timeout"],
+            &tenant["websocket_max_lifetime"]
+        ),
+        (&json!(50), &json!("5m"), &json!("2h")),
+        "{tenant}"
+    );
+    // The form shows the stored values (it is re-read after the save).
+    let shown = browser
+        .eval(
+            "return ['max_websockets', 'websocket_idle_timeout', 'websocket_max_lifetime'].map(f => document.querySelector(`#quota-form [data-field=${f}]`).value);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(shown, json!(["50", "5m", "2h"]));
+    snap(&browser, "tenant-websockets").await;
+
+    // Clear one by emptying its input: null for the API, the others kept.
+    browser
+        .fill("#quota-form [data-field=max_websockets]", "")
+        .await;
+    browser.click("#quota-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the cleared limit in the tenant list",
+            "const c = document.querySelector(\"#tenant-table td[data-websockets='sockets']\"); return !!c && c.textContent === 'idle 5m · max 2h';",
+            json!([]),
+        )
+        .await;
+    let (_, tenant) = admin_get(&gw, "/tenants/sockets").await;
+    assert_eq!(
+        (
+            &tenant["max_websockets"],
+            &tenant["websocket_idle_timeout"],
+            &tenant["websocket_max_lifetime"]
+        ),
+        (&Value::Null, &json!("5m"), &json!("2h")),
+        "{tenant}"
+    );
+    let (_, audit) = admin_get(&gw, "/audit?tenant=sockets&action=quota.update").await;
+    assert_eq!(
+        audit["items"].as_array().map(Vec::len),
+        Some(2),
+        "two saves audited, the refused one not: {audit}"
+    );
+}
+
+/// Waits (bounded) until the admin API reads delivery `id` in `state`.
+async fn until_delivery(gw: &GatewayProcess, id: &str, state: &str) {
+    for _ in 0..300 {
+        let (_, json) = admin_get(gw, &format!("/deliveries/{id}")).await;
+        if json["state"] == state {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("delivery {id} never {state}");
+}
+
+#[tokio::test]
+async fn a_browser_lists_inspects_replays_and_purges_dead_letters() {
+    // The upstream refuses the first two deliveries with a 400 (dead at once), then accepts.
+    let upstream = ScriptedUpstream::start_with_fallback(
+        vec![Step::status(400), Step::status(400)],
+        Step::ok("ok"),
+    )
+    .await;
+    let gw = GatewayProcess::start_with(BIN, &async_config(&upstream, "", ""), with_token()).await;
+    let (first, _) = accept(&gw, &[("x-api-key", "key-acme-0001")], "first-event").await;
+    until_delivery(&gw, &first, "dead").await;
+    let (second, _) = accept(&gw, &[("x-api-key", "key-acme-0001")], "second-event").await;
+    until_delivery(&gw, &second, "dead").await;
+    assert_eq!(upstream.hit_count(), 2);
+
+    let browser = Browser::start().await;
+    let console = format!("{}/console", gw.admin_url());
+    sign_in(&browser, &console).await;
+    browser.goto(&format!("{console}#deliveries")).await;
+    // The queue filter is sent: an unknown queue lists nothing.
+    browser.fill("#delivery-queue", "no-such-queue").await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "an empty listing",
+            "const b = document.querySelector('#delivery-table tbody'); return b.textContent.includes('No deliveries match') && !b.querySelector('tr[data-delivery]');",
+            json!([]),
+        )
+        .await;
+    // Both listed under "dead" (the default filter) in queue hooks.
+    browser.fill("#delivery-queue", "hooks").await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "both dead letters listed",
+            "const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')]; return rows.length === 2 && rows.every(r => r.dataset.state === 'dead') && [...arguments].every(id => rows.some(r => r.dataset.delivery === id));",
+            json!([first, second]),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return document.getElementById('delivery-state').value;",
+                json!([])
+            )
+            .await,
+        json!("dead")
+    );
+
+    // The detail: the attempt (400, with its latency), the final reason, the stored headers
+    // without the credential, the small payload inline.
+    browser
+        .click(&format!("#delivery-table a[data-open-delivery='{first}']"))
+        .await;
+    let detail = browser
+        .wait_until(
+            "the first dead letter's detail",
+            "const d = document.getElementById('delivery-detail'); if (d.hidden || d.dataset.delivery !== arguments[0]) return null;
+             const rows = [...document.querySelectorAll('#attempt-table tr[data-attempt]')];
+             return { attempts: rows.map(r => [r.cells[0].textContent, r.cells[2].textContent, r.cells[3].textContent.endsWith(' ms'), r.cells[1].textContent.length > 0]),
+                      reason: document.querySelector(\"#delivery-fields [data-field='final reason']\").textContent,
+                      headers: document.getElementById('header-table').textContent,
+                      payload: document.getElementById('payload').hidden ? null : document.getElementById('payload').textContent };",
+            json!([first]),
+        )
+        .await;
+    assert_eq!(
+        detail["attempts"],
+        json!([["1", "HTTP 400", true, true]]),
+        "{detail}"
+    );
+    assert!(
+        detail["reason"].as_str().unwrap().contains("400"),
+        "{detail}"
+    );
+    assert_eq!(detail["payload"], "first-event", "{detail}");
+    assert!(
+        !detail["headers"]
+            .as_str()
+            .unwrap()
+            .contains("key-acme-0001"),
+        "{detail}"
+    );
+    snap(&browser, "deliveries").await;
+
+    // Replay, confirmed: the upstream receives it again, with the same Idempotency-Key.
+    browser.click("#delivery-replay").await;
+    assert!(browser
+        .text("#delivery-confirm-text")
+        .await
+        .contains(&first));
+    browser.click("#delivery-yes").await;
+    crate::async_delivery::until("the upstream received the replay", || {
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"first-event")
+            .count()
+            == 2
+    })
+    .await;
+    let keys: Vec<String> = upstream
+        .hits()
+        .iter()
+        .filter(|h| &h.body[..] == b"first-event")
+        .map(|h| header(h, "idempotency-key").to_owned())
+        .collect();
+    assert_eq!(
+        keys,
+        [format!("delivery-{first}"), format!("delivery-{first}")]
+    );
+    browser
+        .wait_until(
+            "the detail shows it delivered, the dead list no longer has it",
+            "const d = document.getElementById('delivery-detail'); const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')];
+             return d.dataset.state === 'delivered' && document.querySelectorAll('#attempt-table tr[data-attempt]').length === 2 && rows.length === 1 && rows[0].dataset.delivery === arguments[1];",
+            json!([first, second]),
+        )
+        .await;
+
+    // Purge: nothing happens until confirmed; then it is gone, never sent again.
+    browser
+        .click(&format!("#delivery-table a[data-open-delivery='{second}']"))
+        .await;
+    browser
+        .wait_until(
+            "the second dead letter's detail",
+            "return document.getElementById('delivery-detail').dataset.delivery === arguments[0];",
+            json!([second]),
+        )
+        .await;
+    browser.click("#delivery-purge").await;
+    assert!(browser
+        .text("#delivery-confirm-text")
+        .await
+        .contains(&second));
+    assert_eq!(
+        admin_get(&gw, &format!("/deliveries/{second}")).await.0,
+        200,
+        "not purged before the confirmation"
+    );
+    browser.click("#delivery-yes").await;
+    browser
+        .wait_until(
+            "the purged letter gone from the list and the detail closed",
+            "return document.getElementById('delivery-detail').hidden && !document.querySelector('#delivery-table tr[data-delivery]');",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        admin_get(&gw, &format!("/deliveries/{second}")).await.0,
+        404
+    );
+    assert_eq!(
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"second-event")
+            .count(),
+        1,
+        "a purged message is not delivered again"
+    );
+
+    // Bulk replay of what the filter matches (here the delivered message), confirmed.
+    browser
+        .eval(
+            "document.getElementById('delivery-state').value = 'delivered';",
+            json!([]),
+        )
+        .await;
+    browser.click("#delivery-form button[type=submit]").await;
+    browser
+        .wait_until(
+            "the delivered message listed",
+            "const rows = [...document.querySelectorAll('#delivery-table tr[data-delivery]')]; return rows.length === 1 && rows[0].dataset.delivery === arguments[0];",
+            json!([first]),
+        )
+        .await;
+    browser.click("#delivery-replay-all").await;
+    let scope = browser.text("#bulk-text").await;
+    assert!(
+        scope.contains("state delivered") && scope.contains("queue hooks"),
+        "{scope}"
+    );
+    browser.click("#bulk-yes").await;
+    crate::async_delivery::until("the upstream received the bulk replay", || {
+        upstream
+            .hits()
+            .iter()
+            .filter(|h| &h.body[..] == b"first-event")
+            .count()
+            == 3
+    })
+    .await;
+
+    // Every change went through the admin API: audited as the console.
+    let (_, audit) = admin_get(&gw, "/audit?actor=admin-token:console&limit=50").await;
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .map(|items| items.iter().filter_map(|e| e["action"].as_str()).collect())
+        .unwrap_or_default();
+    for action in ["delivery.replay", "delivery.purge", "delivery.replay_many"] {
+        assert!(actions.contains(&action), "{action} not audited: {audit}");
+    }
 }

@@ -120,7 +120,7 @@ $("login").addEventListener("submit", async (event) => {
 $("logout").addEventListener("click", () => signOut());
 window.addEventListener("hashchange", show);
 
-const pages = { tenants: loadTenantsPage, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
+const pages = { deliveries: loadDeliveries, tenants: loadTenantsPage, keys: loadKeys, usage: loadUsage, upstreams: loadUpstreams, audit: () => loadAudit(true), idempotency: () => {} };
 
 function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
 
@@ -149,6 +149,9 @@ function show() {
 }
 
 // ---- tenants ----------------------------------------------------------------------------
+
+// The tenant's own WebSocket limits: an empty input clears one (null), as for the quotas.
+const WEBSOCKET_LIMITS = ["max_websockets", "websocket_idle_timeout", "websocket_max_lifetime"];
 
 const tenantPaging = { cursors: [null], index: 0, next: null };
 let selected = null;
@@ -184,13 +187,23 @@ async function loadTenants() {
       el("td", null, {}, el("a", t.id, { href: "#tenants", "data-open": t.id })),
       el("td", t.name), el("td", `${t.rate}/${t.per}`), el("td", t.burst),
       el("td", t.daily_quota ?? "–"), el("td", t.monthly_quota ?? "–"),
+      el("td", websocketSummary(t), { "data-websockets": t.id }),
       el("td", throttling.get(t.id) ?? 0, { "data-throttled": t.id, class: throttling.get(t.id) ? "throttled" : "" }),
       el("td", null, {}, el("span", t.disabled ? "disabled" : "enabled", { class: `badge ${t.disabled ? "off" : "on"}` })));
     return row;
   }));
-  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "8", class: "empty" })));
+  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No tenants match.", { colspan: "9", class: "empty" })));
   $("tenant-prev").disabled = tenantPaging.index === 0;
   $("tenant-next").disabled = !tenantPaging.next;
+}
+
+/** A tenant's own WebSocket limits in one cell: "50 · idle 5m · max 24h", or "–" with none. */
+function websocketSummary(t) {
+  const parts = [];
+  if (t.max_websockets != null) parts.push(String(t.max_websockets));
+  if (t.websocket_idle_timeout != null) parts.push(`idle ${t.websocket_idle_timeout}`);
+  if (t.websocket_max_lifetime != null) parts.push(`max ${t.websocket_max_lifetime}`);
+  return parts.length ? parts.join(" · ") : "–";
 }
 
 /** After a change: the list, and the open tenant's form (its values as stored now). */
@@ -260,7 +273,7 @@ $("quota-form").addEventListener("submit", async (event) => {
   const form = event.currentTarget;
   clearErrors(form);
   try {
-    await api("PATCH", `/tenants/${enc(selected)}/quota`, formValues(form, { nullable: ["daily_quota", "monthly_quota", "max_in_flight"] }));
+    await api("PATCH", `/tenants/${enc(selected)}/quota`, formValues(form, { nullable: ["daily_quota", "monthly_quota", "max_in_flight", ...WEBSOCKET_LIMITS] }));
     flash(`Quota of ${selected} saved.`);
     await refreshTenants();
   } catch (err) { showErrors(form, err); }
@@ -538,6 +551,195 @@ $("idem-delete").addEventListener("click", async () => {
     $("idem-record").hidden = true;
     flash("Record deleted: the key may be used again.");
   } catch (err) { showErrors($("page-idempotency"), err); }
+});
+
+// ---- deliveries -------------------------------------------------------------------------
+
+// Payloads up to this many bytes (UTF-8 text) are shown in the detail at once; larger or
+// binary ones only on a click, so a page of dead letters never puts bulk data on screen.
+const INLINE_PAYLOAD = 2048;
+
+const deliveryPaging = { cursors: [null], index: 0, next: null };
+let openDelivery = null;
+// The open delivery's payload was revealed by a click: a refresh keeps it shown.
+let payloadShown = false;
+
+const when = (ms) => (ms ? new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "–");
+const stateClass = (state) => (state === "dead" ? "off" : state === "delivered" ? "on" : "");
+
+function deliveryFilter() {
+  return { state: $("delivery-state").value, queue: $("delivery-queue").value.trim(), tenant: $("delivery-tenant").value.trim() };
+}
+
+/** The list; false when there is no queue (no asynchronous route: the API's 404 is shown). */
+async function refreshDeliveries() {
+  const body = $("delivery-table").tBodies[0];
+  let page;
+  try {
+    page = await api("GET", `/deliveries${q({ ...deliveryFilter(), limit: 50, cursor: deliveryPaging.cursors[deliveryPaging.index] })}`);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) {
+      body.replaceChildren(el("tr", null, {}, el("td", err.message, { colspan: "7", class: "empty" })));
+      return false;
+    }
+    throw err;
+  }
+  deliveryPaging.next = page.next;
+  body.replaceChildren(...page.items.map((d) => el("tr", null, { "data-delivery": d.id, "data-state": d.state, class: d.id === openDelivery ? "open" : "" },
+    el("td", null, {}, el("a", d.id, { href: "#deliveries", "data-open-delivery": d.id })),
+    el("td", d.queue), el("td", d.tenant ?? "–"),
+    el("td", null, {}, el("span", d.state, { class: `badge ${stateClass(d.state)}` })),
+    el("td", when(d.enqueued_at_ms)), el("td", d.attempts), el("td", d.reason ?? ""))));
+  if (!page.items.length) body.append(el("tr", null, {}, el("td", "No deliveries match.", { colspan: "7", class: "empty" })));
+  $("delivery-prev").disabled = deliveryPaging.index === 0;
+  $("delivery-next").disabled = !deliveryPaging.next;
+  $("delivery-replay-all").disabled = deliveryFilter().state === "pending";
+  return true;
+}
+
+/** The list, and the open delivery's detail (unless a confirmation is waiting on it). */
+async function refreshDeliveryPage() {
+  const queued = await refreshDeliveries();
+  if (queued && openDelivery && $("delivery-confirm").hidden) {
+    await showDelivery(openDelivery).catch((err) => {
+      if (err instanceof ApiError && err.status === 404) closeDelivery(); else throw err;
+    });
+  }
+  return queued;
+}
+
+async function loadDeliveries() {
+  const since = visit;
+  if (await refreshDeliveryPage()) {
+    startPolling(since, () => refreshDeliveryPage().catch((e) => { stopPolling(); showErrors($("page-deliveries"), e); }), POLL_MS);
+  }
+}
+
+function closeDelivery() {
+  openDelivery = null;
+  payloadShown = false;
+  $("delivery-detail").hidden = true;
+  $("delivery-confirm").hidden = true;
+}
+
+async function showDelivery(id) {
+  const d = await api("GET", `/deliveries/${enc(id)}`);
+  if (openDelivery !== d.id) payloadShown = false;
+  openDelivery = d.id;
+  for (const row of document.querySelectorAll("#delivery-table tr[data-delivery]")) row.classList.toggle("open", row.dataset.delivery === d.id);
+  const detail = $("delivery-detail");
+  detail.hidden = false;
+  detail.dataset.delivery = d.id;
+  detail.dataset.state = d.state;
+  $("delivery-id").textContent = d.id;
+  $("delivery-badge").textContent = d.state;
+  $("delivery-badge").className = `badge ${stateClass(d.state)}`;
+  const fields = [["queue", d.queue], ["tenant", d.tenant ?? "–"], ["client", d.client ?? "–"], ["request", `${d.method} ${d.path}`],
+    ["accepted", when(d.enqueued_at_ms)], ["due", d.state === "pending" ? when(d.due_at_ms) : "–"], ["updated", when(d.updated_at_ms)],
+    ["dedupe key", d.dedupe_key ?? "–"], ["final reason", d.reason ?? "–"]];
+  $("delivery-fields").replaceChildren(...fields.flatMap(([k, v]) => [el("dt", k), el("dd", v, { "data-field": k })]));
+  $("attempt-table").tBodies[0].replaceChildren(...d.attempts.map((a, i) => el("tr", null, { "data-attempt": String(i + 1) },
+    el("td", i + 1), el("td", when(a.at_ms)),
+    el("td", a.status != null ? `HTTP ${a.status}` : a.error, { class: a.status != null && a.status < 300 ? "" : "error" }),
+    el("td", `${a.latency_ms} ms`))));
+  if (!d.attempts.length) $("attempt-table").tBodies[0].append(el("tr", null, {}, el("td", "Not tried yet.", { colspan: "4", class: "empty" })));
+  $("header-table").tBodies[0].replaceChildren(...d.headers.map(([name, value]) => el("tr", null, {}, el("td", name), el("td", null, {}, el("code", value)))));
+  renderPayload(d);
+  $("delivery-replay").disabled = d.state === "pending";
+}
+
+/** The payload: small UTF-8 text at once; anything else after "Show payload" (base64 if binary). */
+function renderPayload(d) {
+  const size = atob(d.body_base64).length;
+  const text = d.body != null;
+  const small = text && size <= INLINE_PAYLOAD;
+  const visible = size > 0 && (small || payloadShown);
+  $("payload-size").textContent = `(${size} bytes${text ? "" : ", binary: shown as base64"}${visible || size === 0 ? "" : "; not shown inline: over 2 KiB or binary"})`;
+  $("payload").hidden = !visible;
+  $("payload").textContent = visible ? (text ? d.body : d.body_base64) : "";
+  $("payload-show").hidden = visible || size === 0;
+}
+
+$("payload-show").addEventListener("click", () => {
+  payloadShown = true;
+  if (openDelivery) showDelivery(openDelivery).catch((e) => showErrors($("page-deliveries"), e));
+});
+
+$("delivery-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  clearErrors($("page-deliveries"));
+  deliveryPaging.cursors = [null];
+  deliveryPaging.index = 0;
+  $("bulk-confirm").hidden = true;
+  loadDeliveries().catch((e) => showErrors($("page-deliveries"), e));
+});
+$("delivery-next").addEventListener("click", () => {
+  if (!deliveryPaging.next) return;
+  deliveryPaging.cursors[++deliveryPaging.index] = deliveryPaging.next;
+  refreshDeliveries().catch((e) => showErrors($("page-deliveries"), e));
+});
+$("delivery-prev").addEventListener("click", () => {
+  if (deliveryPaging.index === 0) return;
+  deliveryPaging.index--;
+  refreshDeliveries().catch((e) => showErrors($("page-deliveries"), e));
+});
+$("delivery-table").addEventListener("click", (event) => {
+  const link = event.target.closest("[data-open-delivery]");
+  if (!link) return;
+  event.preventDefault();
+  $("delivery-confirm").hidden = true;
+  showDelivery(link.dataset.openDelivery).catch((e) => showErrors($("page-deliveries"), e));
+});
+
+// Replay and purge ask first; the confirmation names the delivery and what will happen.
+function confirmDelivery(action) {
+  const box = $("delivery-confirm");
+  box.dataset.action = action;
+  box.dataset.delivery = openDelivery;
+  $("delivery-confirm-text").textContent = action === "replay"
+    ? `Replay delivery ${openDelivery}? It becomes pending and is sent to its upstream again now, with the same Idempotency-Key.`
+    : `Purge delivery ${openDelivery}? Its payload, headers and attempts are deleted for good (its dedupe record stays for its window).`;
+  $("delivery-yes").textContent = action === "replay" ? "Replay now" : "Purge for good";
+  box.hidden = false;
+}
+$("delivery-replay").addEventListener("click", () => confirmDelivery("replay"));
+$("delivery-purge").addEventListener("click", () => confirmDelivery("purge"));
+$("delivery-no").addEventListener("click", () => { $("delivery-confirm").hidden = true; });
+$("delivery-yes").addEventListener("click", async () => {
+  const box = $("delivery-confirm");
+  // The delivery the confirmation named, whatever was opened since.
+  const id = box.dataset.delivery;
+  box.hidden = true;
+  try {
+    if (box.dataset.action === "replay") {
+      await api("POST", `/deliveries/${enc(id)}/replay`);
+      flash(`Delivery ${id} replayed: pending again.`);
+    } else {
+      await api("DELETE", `/deliveries/${enc(id)}`);
+      flash(`Delivery ${id} purged.`);
+      if (openDelivery === id) closeDelivery();
+    }
+    await refreshDeliveryPage();
+  } catch (err) { showErrors($("page-deliveries"), err); }
+});
+
+// Bulk replay: one page of what the filter matches (dead by default), through the API's
+// bulk endpoint, after a confirmation naming the filter.
+$("delivery-replay-all").addEventListener("click", () => {
+  const f = deliveryFilter();
+  const scope = [`state ${f.state || "dead"}`, f.queue && `queue ${f.queue}`, f.tenant && `tenant ${f.tenant}`].filter(Boolean).join(", ");
+  $("bulk-text").textContent = `Replay every delivery matching ${scope} (up to 1000)? Each is sent to its upstream again now.`;
+  $("bulk-confirm").hidden = false;
+});
+$("bulk-no").addEventListener("click", () => { $("bulk-confirm").hidden = true; });
+$("bulk-yes").addEventListener("click", async () => {
+  $("bulk-confirm").hidden = true;
+  const f = deliveryFilter();
+  try {
+    const done = await api("POST", "/deliveries/replay", { state: f.state || "dead", queue: f.queue || undefined, tenant: f.tenant || undefined, limit: 1000 });
+    flash(`${done.replayed} deliveries replayed${done.more ? "; more match: replay again" : ""}.`);
+    await refreshDeliveryPage();
+  } catch (err) { showErrors($("page-deliveries"), err); }
 });
 
 show();
