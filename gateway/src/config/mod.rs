@@ -109,6 +109,7 @@ pub fn effective_toml(text: &str) -> Result<String, ConfigError> {
     raw.storage.state = redact_url(&raw.storage.state);
     raw.storage.database = redact_url(&raw.storage.database);
     raw.storage.idempotency = raw.storage.idempotency.as_deref().map(redact_url);
+    raw.storage.queue = raw.storage.queue.as_deref().map(redact_url);
     toml::to_string_pretty(&raw).map_err(|e| ConfigError::Parse {
         path: "<root>".into(),
         message: e.to_string(),

@@ -230,3 +230,17 @@ fn the_queue_defaults_beside_the_database() {
     let text = format!("[storage]\nqueue = \"memory\"\n{}", route(""));
     assert_eq!(invalid_paths(&text), ["storage.queue"]);
 }
+
+#[test]
+fn check_config_hides_the_queue_password() {
+    let text = format!(
+        "[storage]\nqueue = \"postgres://gw:hunter2pw@127.0.0.1:5432/q\"\n{}",
+        route("")
+    );
+    let printed = crate::config::effective_toml(&text).unwrap();
+    assert!(!printed.contains("hunter2pw"), "{printed}");
+    assert!(
+        printed.contains("postgres://gw:***@127.0.0.1:5432/q"),
+        "{printed}"
+    );
+}
