@@ -128,3 +128,5 @@ mod alert_rules;
 mod async_delivery_engines;
 // Asynchronous delivery under chaos: 10 000 messages, a 30 %-failing deduplicating backend, two SIGKILLs and a Redis restart: each executed once, only the built-to-fail dead.
 mod async_delivery_chaos;
+// The alert webhook of an asynchronous route: each dead letter POSTed without payload or credentials; a hung or unreachable webhook never holds up delivery, counted and logged.
+mod async_delivery_alerts;

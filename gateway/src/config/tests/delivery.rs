@@ -113,6 +113,26 @@ fn delivery_refusals_name_their_field() {
             r#"mode = "sync", max_retries = 5"#,
             "routes[0].delivery.max_retries",
         ),
+        (
+            r#"mode = "async", alert_webhook = "ftp://alerts.example/x""#,
+            "routes[0].delivery.alert_webhook",
+        ),
+        (
+            r#"mode = "async", alert_webhook = "/relative""#,
+            "routes[0].delivery.alert_webhook",
+        ),
+        (
+            r#"mode = "async", alert_timeout = "1s""#,
+            "routes[0].delivery.alert_timeout",
+        ),
+        (
+            r#"mode = "async", alert_webhook = "http://127.0.0.1:9/a", alert_timeout = "2m""#,
+            "routes[0].delivery.alert_timeout",
+        ),
+        (
+            r#"mode = "sync", alert_webhook = "http://127.0.0.1:9/a""#,
+            "routes[0].delivery.alert_webhook",
+        ),
     ] {
         let paths = invalid_paths(&route(&format!("delivery = {{ {extra} }}")));
         assert_eq!(paths, [field], "{extra}");
@@ -229,6 +249,29 @@ fn the_queue_defaults_beside_the_database() {
     );
     let text = format!("[storage]\nqueue = \"memory\"\n{}", route(""));
     assert_eq!(invalid_paths(&text), ["storage.queue"]);
+}
+
+#[test]
+fn an_alert_webhook_takes_a_default_timeout_and_check_config_hides_its_path() {
+    let text = route(
+        r#"delivery = { mode = "async", alert_webhook = "http://127.0.0.1:9/hooks/T0/secret-path" }"#,
+    );
+    let config = Config::parse(&text, &env()).unwrap();
+    let alert = config.routes[0]
+        .delivery
+        .as_ref()
+        .unwrap()
+        .alert
+        .as_ref()
+        .unwrap();
+    assert_eq!(alert.timeout, Duration::from_secs(5));
+    assert_eq!(alert.uri.path(), "/hooks/T0/secret-path");
+    assert!(alert.tls.is_none());
+    let printed = crate::config::effective_toml(&text).unwrap();
+    assert!(!printed.contains("secret-path"), "{printed}");
+    assert!(printed.contains("http://127.0.0.1:9/***"), "{printed}");
+    let none = Config::parse(&route(r#"delivery = { mode = "async" }"#), &env()).unwrap();
+    assert!(none.routes[0].delivery.as_ref().unwrap().alert.is_none());
 }
 
 #[test]
