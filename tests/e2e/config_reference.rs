@@ -81,6 +81,7 @@ max_in_flight = 1
 max_websockets = 1
 websocket_idle_timeout = "1m"
 websocket_max_lifetime = "1h"
+signature_secrets = {}
 
 [auth]
 failure_limit = 20

@@ -287,3 +287,60 @@ fn check_config_hides_the_queue_password() {
         "{printed}"
     );
 }
+
+#[test]
+fn a_file_tenant_may_carry_its_own_signature_secret_per_route() {
+    let tenant = |secrets: &str| {
+        format!(
+            "[[tenants]]\nid = \"acme\"\napi_keys = [\"key-acme-0001\"]\nrate = 1\nper = \"1s\"\nburst = 1\nsignature_secrets = {{ {secrets} }}\n"
+        )
+    };
+    let verified =
+        "name = \"hooks\"\nverify = { scheme = \"standard-webhooks\", secret_env = \"SW_SECRET\" }";
+    let text = format!("{}{}", tenant("hooks = \"HOOK_SECRET\""), route(verified));
+    // HOOK_SECRET is not whsec_<base64>: refused on the tenant's entry, not the route's.
+    match Config::parse(&text, &secret_env()) {
+        Ok(_) => panic!("a malformed tenant secret was accepted"),
+        Err(e) => {
+            assert_eq!(e.paths(), ["tenants[0].signature_secrets.hooks"]);
+            assert!(!e.to_string().contains("Secret to Everybody"));
+        }
+    }
+    let text = format!("{}{}", tenant("hooks = \"SW_SECRET\""), route(verified));
+    let config = Config::parse(&text, &secret_env()).unwrap();
+    let verify = config.routes[0].verify.as_ref().unwrap();
+    assert_eq!(
+        verify.key_for(Some("acme")).expose(),
+        verify.tenant_keys["acme"].expose()
+    );
+    assert_eq!(verify.key_for(Some("beta")).expose(), verify.key.expose());
+    assert_eq!(verify.key_for(None).expose(), verify.key.expose());
+    for (secrets, field) in [
+        (
+            "hooks = \"UNSET_VAR\"",
+            "tenants[0].signature_secrets.hooks",
+        ),
+        (
+            "other = \"SW_SECRET\"",
+            "tenants[0].signature_secrets.other",
+        ),
+    ] {
+        let text = format!("{}{}", tenant(secrets), route(verified));
+        let paths = match Config::parse(&text, &secret_env()) {
+            Ok(_) => panic!("accepted {secrets}"),
+            Err(e) => e.paths(),
+        };
+        assert_eq!(paths, [field], "{secrets}");
+    }
+    // A route without verify takes no tenant secret.
+    let text = format!(
+        "{}{}",
+        tenant("hooks = \"SW_SECRET\""),
+        route("name = \"hooks\"")
+    );
+    let paths = match Config::parse(&text, &secret_env()) {
+        Ok(_) => panic!("accepted a secret for a route without verify"),
+        Err(e) => e.paths(),
+    };
+    assert_eq!(paths, ["tenants[0].signature_secrets.hooks"]);
+}
