@@ -81,6 +81,7 @@ max_in_flight = 1
 max_websockets = 1
 websocket_idle_timeout = "1m"
 websocket_max_lifetime = "1h"
+signature_secrets = {}
 
 [auth]
 failure_limit = 20
@@ -168,7 +169,7 @@ websocket = true
 websocket_idle_timeout = "60s"
 websocket_max_lifetime = "1h"
 max_websockets = 1
-delivery = { mode = "async", max_retries = 5, schedule = ["0s", "1s"], max_age = "24h", dedupe = "idempotency-key", dedupe_window = "7d", max_rate = 10.0, max_in_flight = 16 }
+delivery = { mode = "async", max_retries = 5, schedule = ["0s", "1s"], max_age = "24h", dedupe = "idempotency-key", dedupe_window = "7d", max_rate = 10.0, max_in_flight = 16, alert_webhook = "https://alerts.example/hook", alert_timeout = "5s" }
 verify = { scheme = "stripe", header = "stripe-signature", secret_env = "S", tolerance = "5m" }
 
 [demo]

@@ -303,3 +303,62 @@ async fn a_forged_signature_on_an_async_route_is_never_queued() {
         "{listed}"
     );
 }
+
+/// A file tenant with its own secret for the route (`signature_secrets`) is checked with it
+/// alone: the route's secret no longer signs for that tenant, and the tenant's secret signs
+/// for nobody else. Tenants without one, and anonymous senders, keep the route's secret.
+#[tokio::test]
+async fn a_tenant_with_its_own_secret_is_checked_with_it_alone() {
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("thanks")).await;
+    let config = format!(
+        "[[tenants]]\nid = \"acme\"\napi_keys = [\"key-acme-0001\"]\nrate = 100\nper = \"1s\"\nburst = 100\n\
+         signature_secrets = {{ hooks = \"E2E_ACME_SECRET\" }}\n\n\
+         [[tenants]]\nid = \"beta\"\napi_keys = [\"key-beta-0001\"]\nrate = 100\nper = \"1s\"\nburst = 100\n\n\
+         [[upstreams]]\nname = \"u\"\nendpoints = [\"{}\"]\nretry = {{ max_retries = 0 }}\n\n\
+         [[routes]]\nname = \"hooks\"\nprefix = \"/hooks\"\nupstream = \"u\"\n\
+         verify = {{ scheme = \"hmac-sha256\", secret_env = \"E2E_HOOK_SECRET\" }}\n",
+        upstream.url()
+    );
+    let options = GatewayOptions {
+        env: vec![
+            ("E2E_HOOK_SECRET".into(), SECRET.into()),
+            ("E2E_ACME_SECRET".into(), "acme-own-secret".into()),
+        ],
+        ..GatewayOptions::default()
+    };
+    let gateway = GatewayProcess::start_with(BIN, &config, options).await;
+    let signed = |secret: &str, body: &[u8]| {
+        format!("sha256={}", hex::encode(mac(secret.as_bytes(), &[body])))
+    };
+    let cases: [(&str, Option<&str>, &str, u16); 6] = [
+        ("acme-own", Some("key-acme-0001"), "acme-own-secret", 200),
+        ("acme-route", Some("key-acme-0001"), SECRET, 401),
+        ("beta-route", Some("key-beta-0001"), SECRET, 200),
+        ("beta-acme", Some("key-beta-0001"), "acme-own-secret", 401),
+        ("anon-route", None, SECRET, 200),
+        ("anon-acme", None, "acme-own-secret", 401),
+    ];
+    for (label, api_key, secret, expected) in cases {
+        let body = format!("{{\"case\":\"{label}\"}}");
+        let mut headers = vec![("X-Hub-Signature-256", signed(secret, body.as_bytes()))];
+        if let Some(key) = api_key {
+            headers.push(("X-API-Key", key.to_owned()));
+        }
+        let (status, text) = post(&gateway, &headers, body.as_bytes()).await;
+        assert_eq!(status, expected, "{label}: {text}");
+    }
+    let forwarded: Vec<String> = upstream
+        .hits()
+        .iter()
+        .map(|h| String::from_utf8_lossy(&h.body).into_owned())
+        .collect();
+    assert_eq!(
+        forwarded,
+        [
+            "{\"case\":\"acme-own\"}",
+            "{\"case\":\"beta-route\"}",
+            "{\"case\":\"anon-route\"}"
+        ],
+        "only the requests signed with the right secret reach the upstream"
+    );
+}

@@ -126,3 +126,7 @@ mod async_delivery;
 mod alert_rules;
 // Asynchronous routes on PostgreSQL (scripts/test.sh) and Redis (a private redis-server); a queue that goes away → 503.
 mod async_delivery_engines;
+// Asynchronous delivery under chaos: 10 000 messages, a 30 %-failing deduplicating backend, two SIGKILLs and a Redis restart: each executed once, only the built-to-fail dead.
+mod async_delivery_chaos;
+// The alert webhook of an asynchronous route: each dead letter POSTed without payload or credentials; a hung or unreachable webhook never holds up delivery, counted and logged.
+mod async_delivery_alerts;

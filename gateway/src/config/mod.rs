@@ -33,7 +33,7 @@ pub use portcullis_retry::{BreakerConfig, BudgetConfig, RetryPolicy};
 use raw::RawConfig;
 pub use raw::DEFAULT_TLS_HANDSHAKE_TIMEOUT;
 pub use routes::cors::CorsSettings;
-pub use routes::delivery::{DedupeSource, DeliverySettings, MIN_DEDUPE_WINDOW};
+pub use routes::delivery::{AlertWebhook, DedupeSource, DeliverySettings, MIN_DEDUPE_WINDOW};
 pub use routes::header_rules::{HeaderRules, HeaderVars};
 pub use routes::pattern::{PathRule, Pattern};
 pub use routes::rules::{HeaderRule, HeaderValueRule, HostRule};
@@ -96,6 +96,21 @@ pub fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
     })
 }
 
+/// An alert webhook URL as printed: scheme and authority only, since the path of a
+/// webhook URL is often its secret (`https://hooks.example/***`).
+fn redact_webhook(text: &str) -> String {
+    match text.parse::<http::Uri>() {
+        Ok(uri) => match (uri.scheme_str(), uri.authority()) {
+            (Some(scheme), Some(authority)) => {
+                let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+                format!("{scheme}://{host}/***")
+            }
+            _ => "***".to_owned(),
+        },
+        Err(_) => "***".to_owned(),
+    }
+}
+
 /// The effective configuration as TOML, defaults filled in and secrets redacted.
 pub fn effective_toml(text: &str) -> Result<String, ConfigError> {
     let mut raw = parse_raw(text)?;
@@ -109,6 +124,12 @@ pub fn effective_toml(text: &str) -> Result<String, ConfigError> {
     raw.storage.state = redact_url(&raw.storage.state);
     raw.storage.database = redact_url(&raw.storage.database);
     raw.storage.idempotency = raw.storage.idempotency.as_deref().map(redact_url);
+    raw.storage.queue = raw.storage.queue.as_deref().map(redact_url);
+    for route in &mut raw.routes {
+        if let Some(delivery) = route.delivery.as_mut() {
+            delivery.alert_webhook = delivery.alert_webhook.as_deref().map(redact_webhook);
+        }
+    }
     toml::to_string_pretty(&raw).map_err(|e| ConfigError::Parse {
         path: "<root>".into(),
         message: e.to_string(),

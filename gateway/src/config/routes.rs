@@ -119,6 +119,16 @@ fn route(
         .response_headers
         .as_ref()
         .map(|raw| header_rules(&format!("{path}.response_headers"), raw, issues));
+    let verify = r.verify.as_ref().and_then(|v| {
+        verify::verify(
+            &format!("{path}.verify"),
+            &name,
+            v,
+            &raw.tenants,
+            env,
+            issues,
+        )
+    });
     RouteSettings {
         name,
         path: rule,
@@ -160,10 +170,7 @@ fn route(
             }
             Some(Arc::new(settings))
         }),
-        verify: r
-            .verify
-            .as_ref()
-            .and_then(|raw| verify::verify(&format!("{path}.verify"), raw, env, issues)),
+        verify,
     }
 }
 

@@ -50,6 +50,20 @@ pub(super) fn validate(mut raw: RawConfig, env: &dyn Env) -> Result<Config, Conf
         }
     }
     let routes = super::routes::routes(&raw, &upstreams, env, &mut issues);
+    // A tenant's own signature secret names a route that checks signatures.
+    for (i, tenant) in raw.tenants.iter().enumerate() {
+        for route in tenant.signature_secrets.keys() {
+            let checks = routes
+                .iter()
+                .any(|r| &r.name == route && r.verify.is_some());
+            if !checks {
+                issues.push(
+                    format!("tenants[{i}].signature_secrets.{route}"),
+                    format!("no route named {route:?} with verify"),
+                );
+            }
+        }
+    }
     let auth = super::auth::auth(&raw.auth, &mut issues);
     let demo = DemoSettings {
         enabled: raw.demo.enabled,

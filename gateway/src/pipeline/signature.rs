@@ -4,7 +4,8 @@
 //! compared in constant time with the one the sender put in the request. A missing, forged,
 //! malformed or stale signature is a 401 problem; the request goes no further (no rate-limit
 //! token spent, nothing forwarded or queued). Routes without `verify` pass straight through,
-//! unbuffered.
+//! unbuffered. A file tenant with its own secret for the route (`tenants[].signature_secrets`)
+//! is checked with that secret instead of the route's.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,9 +22,9 @@ use ring::hmac;
 use subtle::ConstantTimeEq;
 use tower::{Layer, Service};
 
-use crate::config::{SignatureScheme, VerifySettings};
+use crate::config::{SignatureScheme, SigningKey, VerifySettings};
 use crate::pipeline::rescue::request_body_problem;
-use crate::plumbing::context::RequestContext;
+use crate::plumbing::context::{Caller, RequestContext};
 
 /// Standard Webhooks' message id header.
 const WEBHOOK_ID: &str = "webhook-id";
@@ -106,7 +107,15 @@ where
                 Ok(collected) => collected.to_bytes(),
                 Err(err) => return Ok(request_body_problem(&err).closing().into_response()),
             };
-            if let Err(err) = check(&settings, &parts.headers, &body, unix_seconds(clock.now())) {
+            // A file tenant with its own secret for this route is checked with it alone.
+            let tenant =
+                RequestContext::of(&parts.extensions).and_then(|context| match &context.caller {
+                    Caller::Tenant(tenant) => Some(tenant.id.clone()),
+                    Caller::Anonymous => None,
+                });
+            let key = settings.key_for(tenant.as_deref());
+            let now = unix_seconds(clock.now());
+            if let Err(err) = check_with(&settings, key, &parts.headers, &body, now) {
                 let route = RequestContext::of(&parts.extensions)
                     .map_or("", |context| context.route.metrics.label());
                 tracing::info!(
@@ -141,14 +150,26 @@ fn unix_seconds(now: SystemTime) -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// Checks `body` and `headers` against the route's scheme at `now` (Unix seconds).
+/// Checks `body` and `headers` against the route's scheme and key at `now` (Unix seconds).
+#[cfg(test)]
 pub(crate) fn check(
     settings: &VerifySettings,
     headers: &HeaderMap,
     body: &[u8],
     now: i64,
 ) -> Result<(), SignatureError> {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, settings.key.expose());
+    check_with(settings, &settings.key, headers, body, now)
+}
+
+/// [`check`] with `key`: the route's, or the caller's own (`VerifySettings::key_for`).
+pub(crate) fn check_with(
+    settings: &VerifySettings,
+    key: &SigningKey,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: i64,
+) -> Result<(), SignatureError> {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, key.expose());
     let header = settings.header.as_str();
     let value = one(headers, header)?;
     match settings.scheme {

@@ -22,6 +22,7 @@ pub struct RedisServer {
     port: u16,
     guard: Option<ChildGuard>,
     dir: tempfile::TempDir,
+    durable: bool,
 }
 
 // === impl RedisServer ===
@@ -34,6 +35,22 @@ impl RedisServer {
             port: free_port(),
             guard: None,
             dir,
+            durable: false,
+        };
+        server.spawn().await;
+        server
+    }
+
+    /// Starts a server that persists every write before answering (`appendonly yes`,
+    /// `appendfsync always`) in its own directory: [`RedisServer::restart`] (even after
+    /// [`RedisServer::kill`]) brings back everything it acknowledged.
+    pub async fn start_durable() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for redis");
+        let mut server = Self {
+            port: free_port(),
+            guard: None,
+            dir,
+            durable: true,
         };
         server.spawn().await;
         server
@@ -41,9 +58,20 @@ impl RedisServer {
 
     async fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"]);
+        if self.durable {
+            cmd.args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ]);
+        } else {
+            cmd.args(["--save", "", "--appendonly", "no"]);
+        }
+        cmd.arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -79,7 +107,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (empty dataset).
+    /// Starts the server again on the same port: an empty dataset, or for a
+    /// [`RedisServer::start_durable`] one, what its append-only file holds.
     pub async fn restart(&mut self) {
         self.kill();
         self.spawn().await;

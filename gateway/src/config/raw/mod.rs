@@ -287,6 +287,10 @@ pub struct RawTenant {
     /// This tenant's WebSocket maximum lifetime; the stricter of it and the route's applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub websocket_max_lifetime: Option<HumanDuration>,
+    /// Route name → environment variable holding this tenant's signature secret on that
+    /// route (a route with `verify`); it replaces the route's `secret_env` for this tenant.
+    #[serde(default)]
+    pub signature_secrets: std::collections::BTreeMap<String, String>,
 }
 
 /// `[demo]`: the built-in demo upstream.

@@ -154,6 +154,12 @@ pub struct RawDelivery {
     /// Deliveries of this route's queue in flight at once, at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
+    /// `http://` or `https://` URL POSTed a small JSON on each dead letter of this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_webhook: Option<String>,
+    /// How long one alert POST may take, all of it (default 5 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_timeout: Option<HumanDuration>,
 }
 
 /// An optional number written as an integer or a float.

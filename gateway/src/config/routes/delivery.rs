@@ -24,6 +24,13 @@ const MAX_DELIVERY_IN_FLIGHT: u32 = 10_000;
 /// Largest `max_rate`, deliveries per second.
 const MAX_DELIVERY_RATE: f64 = 1_000_000.0;
 
+/// Default `alert_timeout`: the whole alert POST, connect to answer.
+pub const DEFAULT_ALERT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Allowed `alert_timeout`.
+const MIN_ALERT_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_ALERT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Where the dedupe key of an accepted request comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DedupeSource {
@@ -48,6 +55,19 @@ pub struct DeliverySettings {
     pub max_rate: Option<f64>,
     /// Deliveries in flight at once, at most.
     pub max_in_flight: u32,
+    /// Where each dead letter is announced; `None`: no alert webhook.
+    pub alert: Option<AlertWebhook>,
+}
+
+/// `alert_webhook` and `alert_timeout`: a URL POSTed on each dead letter.
+#[derive(Debug, Clone)]
+pub struct AlertWebhook {
+    /// The webhook's address.
+    pub uri: http::Uri,
+    /// Client configuration (system roots) for `https://`.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The whole POST, connect to answer, at most.
+    pub timeout: Duration,
 }
 
 /// `delivery` at `path` (`routes[i].delivery`): `None` for `mode = "sync"`.
@@ -67,6 +87,8 @@ pub(crate) fn delivery(
                 ("dedupe_window", raw.dedupe_window.is_some()),
                 ("max_rate", raw.max_rate.is_some()),
                 ("max_in_flight", raw.max_in_flight.is_some()),
+                ("alert_webhook", raw.alert_webhook.is_some()),
+                ("alert_timeout", raw.alert_timeout.is_some()),
             ];
             for (field, _) in set.iter().filter(|(_, set)| *set) {
                 issues.push(format!("{path}.{field}"), "needs mode = \"async\"");
@@ -119,13 +141,62 @@ pub(crate) fn delivery(
         1,
         MAX_DELIVERY_IN_FLIGHT,
     );
+    let alert = alert(path, raw, issues);
     Some(DeliverySettings {
         schedule,
         dedupe,
         dedupe_window,
         max_rate: raw.max_rate,
         max_in_flight,
+        alert,
     })
+}
+
+/// `alert_webhook` (an `http://` or `https://` URL with a host; `https://` verified
+/// against the system roots) and `alert_timeout`, which needs it.
+fn alert(path: &str, raw: &RawDelivery, issues: &mut Issues) -> Option<AlertWebhook> {
+    let timeout = raw.alert_timeout.map_or(DEFAULT_ALERT_TIMEOUT, |d| d.get());
+    let Some(text) = raw.alert_webhook.as_deref() else {
+        if raw.alert_timeout.is_some() {
+            issues.push(format!("{path}.alert_timeout"), "needs alert_webhook");
+        }
+        return None;
+    };
+    issues.duration_range(
+        &format!("{path}.alert_timeout"),
+        timeout,
+        MIN_ALERT_TIMEOUT,
+        MAX_ALERT_TIMEOUT,
+    );
+    match alert_uri(text) {
+        Ok((uri, tls)) => Some(AlertWebhook { uri, tls, timeout }),
+        Err(message) => {
+            issues.push(format!("{path}.alert_webhook"), message);
+            None
+        }
+    }
+}
+
+type AlertTarget = (http::Uri, Option<std::sync::Arc<rustls::ClientConfig>>);
+
+fn alert_uri(text: &str) -> Result<AlertTarget, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("= {text:?}: not a URL ({e})"))?;
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("= {text:?}: the URL needs a host"));
+    }
+    let tls = match uri.scheme_str() {
+        Some("http") => None,
+        Some("https") => {
+            let roots = crate::tls::system_roots().map_err(|e| format!("= {text:?}: {e}"))?;
+            let config = crate::tls::upstream_client_config(roots, None, false)
+                .map_err(|e| format!("= {text:?}: {e}"))?;
+            Some(config)
+        }
+        _ => return Err(format!("= {text:?}: allowed http:// or https://")),
+    };
+    Ok((uri, tls))
 }
 
 /// `dedupe`: `"idempotency-key"` (the default), `"header:NAME"` or `"json:/pointer"`.

@@ -1,13 +1,14 @@
 //! `verify = { … }` on a route: the inbound signature scheme and its secret, read from the
 //! environment once, at start-up (`pipeline::signature` checks requests against it).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 
 use crate::config::error::Issues;
-use crate::config::raw::RawVerify;
+use crate::config::raw::{RawTenant, RawVerify};
 use crate::config::settings::Env;
 
 /// Default `tolerance`: how far a signed timestamp may be from the gateway's clock.
@@ -77,12 +78,28 @@ pub struct VerifySettings {
     pub tolerance: Duration,
     /// The variable the key was read from (for messages; never the key).
     pub secret_env: String,
+    /// Keys of the file tenants that carry their own secret for this route
+    /// (`tenants[].signature_secrets`), by tenant id: for them it replaces [`Self::key`].
+    pub tenant_keys: HashMap<String, SigningKey>,
 }
 
-/// `verify` at `path` (`routes[i].verify`), its secret read from `env`.
+impl VerifySettings {
+    /// The key a request of `tenant` (`None`: anonymous) is checked with: the tenant's own,
+    /// else the route's.
+    pub fn key_for(&self, tenant: Option<&str>) -> &SigningKey {
+        tenant
+            .and_then(|id| self.tenant_keys.get(id))
+            .unwrap_or(&self.key)
+    }
+}
+
+/// `verify` at `path` (`routes[i].verify`) of the route named `route`, its secret and those
+/// of the `tenants` that carry one for it read from `env`.
 pub(crate) fn verify(
     path: &str,
+    route: &str,
     raw: &RawVerify,
+    tenants: &[RawTenant],
     env: &dyn Env,
     issues: &mut Issues,
 ) -> Option<Arc<VerifySettings>> {
@@ -128,26 +145,41 @@ pub(crate) fn verify(
         }
         (_, None) => DEFAULT_SIGNATURE_TOLERANCE,
     };
-    let key = secret(path, scheme, &raw.secret_env, env, issues)?;
+    let key = secret(
+        format!("{path}.secret_env"),
+        scheme,
+        &raw.secret_env,
+        env,
+        issues,
+    );
+    let mut tenant_keys = HashMap::new();
+    for (i, tenant) in tenants.iter().enumerate() {
+        if let Some(name) = tenant.signature_secrets.get(route) {
+            let field = format!("tenants[{i}].signature_secrets.{route}");
+            if let Some(key) = secret(field, scheme, name, env, issues) {
+                tenant_keys.insert(tenant.id.clone(), key);
+            }
+        }
+    }
     Some(Arc::new(VerifySettings {
         scheme,
         header: header?,
-        key,
+        key: key?,
         tolerance,
         secret_env: raw.secret_env.clone(),
+        tenant_keys,
     }))
 }
 
 /// The key held by the variable `name`: its bytes, or for Standard Webhooks the base64 after
-/// `whsec_`. A missing, empty or malformed secret is reported on `secret_env`, never shown.
+/// `whsec_`. A missing, empty or malformed secret is reported on `field`, never shown.
 fn secret(
-    path: &str,
+    field: String,
     scheme: SignatureScheme,
     name: &str,
     env: &dyn Env,
     issues: &mut Issues,
 ) -> Option<SigningKey> {
-    let field = format!("{path}.secret_env");
     let Some(value) = env.get(name).filter(|v| !v.is_empty()) else {
         issues.push(
             field,

@@ -113,6 +113,26 @@ fn delivery_refusals_name_their_field() {
             r#"mode = "sync", max_retries = 5"#,
             "routes[0].delivery.max_retries",
         ),
+        (
+            r#"mode = "async", alert_webhook = "ftp://alerts.example/x""#,
+            "routes[0].delivery.alert_webhook",
+        ),
+        (
+            r#"mode = "async", alert_webhook = "/relative""#,
+            "routes[0].delivery.alert_webhook",
+        ),
+        (
+            r#"mode = "async", alert_timeout = "1s""#,
+            "routes[0].delivery.alert_timeout",
+        ),
+        (
+            r#"mode = "async", alert_webhook = "http://127.0.0.1:9/a", alert_timeout = "2m""#,
+            "routes[0].delivery.alert_timeout",
+        ),
+        (
+            r#"mode = "sync", alert_webhook = "http://127.0.0.1:9/a""#,
+            "routes[0].delivery.alert_webhook",
+        ),
     ] {
         let paths = invalid_paths(&route(&format!("delivery = {{ {extra} }}")));
         assert_eq!(paths, [field], "{extra}");
@@ -229,4 +249,98 @@ fn the_queue_defaults_beside_the_database() {
     );
     let text = format!("[storage]\nqueue = \"memory\"\n{}", route(""));
     assert_eq!(invalid_paths(&text), ["storage.queue"]);
+}
+
+#[test]
+fn an_alert_webhook_takes_a_default_timeout_and_check_config_hides_its_path() {
+    let text = route(
+        r#"delivery = { mode = "async", alert_webhook = "http://127.0.0.1:9/hooks/T0/secret-path" }"#,
+    );
+    let config = Config::parse(&text, &env()).unwrap();
+    let alert = config.routes[0]
+        .delivery
+        .as_ref()
+        .unwrap()
+        .alert
+        .as_ref()
+        .unwrap();
+    assert_eq!(alert.timeout, Duration::from_secs(5));
+    assert_eq!(alert.uri.path(), "/hooks/T0/secret-path");
+    assert!(alert.tls.is_none());
+    let printed = crate::config::effective_toml(&text).unwrap();
+    assert!(!printed.contains("secret-path"), "{printed}");
+    assert!(printed.contains("http://127.0.0.1:9/***"), "{printed}");
+    let none = Config::parse(&route(r#"delivery = { mode = "async" }"#), &env()).unwrap();
+    assert!(none.routes[0].delivery.as_ref().unwrap().alert.is_none());
+}
+
+#[test]
+fn check_config_hides_the_queue_password() {
+    let text = format!(
+        "[storage]\nqueue = \"postgres://gw:hunter2pw@127.0.0.1:5432/q\"\n{}",
+        route("")
+    );
+    let printed = crate::config::effective_toml(&text).unwrap();
+    assert!(!printed.contains("hunter2pw"), "{printed}");
+    assert!(
+        printed.contains("postgres://gw:***@127.0.0.1:5432/q"),
+        "{printed}"
+    );
+}
+
+#[test]
+fn a_file_tenant_may_carry_its_own_signature_secret_per_route() {
+    let tenant = |secrets: &str| {
+        format!(
+            "[[tenants]]\nid = \"acme\"\napi_keys = [\"key-acme-0001\"]\nrate = 1\nper = \"1s\"\nburst = 1\nsignature_secrets = {{ {secrets} }}\n"
+        )
+    };
+    let verified =
+        "name = \"hooks\"\nverify = { scheme = \"standard-webhooks\", secret_env = \"SW_SECRET\" }";
+    let text = format!("{}{}", tenant("hooks = \"HOOK_SECRET\""), route(verified));
+    // HOOK_SECRET is not whsec_<base64>: refused on the tenant's entry, not the route's.
+    match Config::parse(&text, &secret_env()) {
+        Ok(_) => panic!("a malformed tenant secret was accepted"),
+        Err(e) => {
+            assert_eq!(e.paths(), ["tenants[0].signature_secrets.hooks"]);
+            assert!(!e.to_string().contains("Secret to Everybody"));
+        }
+    }
+    let text = format!("{}{}", tenant("hooks = \"SW_SECRET\""), route(verified));
+    let config = Config::parse(&text, &secret_env()).unwrap();
+    let verify = config.routes[0].verify.as_ref().unwrap();
+    assert_eq!(
+        verify.key_for(Some("acme")).expose(),
+        verify.tenant_keys["acme"].expose()
+    );
+    assert_eq!(verify.key_for(Some("beta")).expose(), verify.key.expose());
+    assert_eq!(verify.key_for(None).expose(), verify.key.expose());
+    for (secrets, field) in [
+        (
+            "hooks = \"UNSET_VAR\"",
+            "tenants[0].signature_secrets.hooks",
+        ),
+        (
+            "other = \"SW_SECRET\"",
+            "tenants[0].signature_secrets.other",
+        ),
+    ] {
+        let text = format!("{}{}", tenant(secrets), route(verified));
+        let paths = match Config::parse(&text, &secret_env()) {
+            Ok(_) => panic!("accepted {secrets}"),
+            Err(e) => e.paths(),
+        };
+        assert_eq!(paths, [field], "{secrets}");
+    }
+    // A route without verify takes no tenant secret.
+    let text = format!(
+        "{}{}",
+        tenant("hooks = \"SW_SECRET\""),
+        route("name = \"hooks\"")
+    );
+    let paths = match Config::parse(&text, &secret_env()) {
+        Ok(_) => panic!("accepted a secret for a route without verify"),
+        Err(e) => e.paths(),
+    };
+    assert_eq!(paths, ["tenants[0].signature_secrets.hooks"]);
 }

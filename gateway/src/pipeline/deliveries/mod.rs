@@ -6,10 +6,12 @@
 //!   the store returned; a duplicate (by the route's dedupe source) gets the original id.
 //! - [`status`]: `GET /_portcullis/deliveries/{id}` on the proxy listener, answered only to
 //!   the caller who sent the request (the same tenant, or the same anonymous client address).
+//! - [`alert`]: the optional alert webhook POSTed on each dead letter, in the background.
 //! - [`worker`]: per asynchronous route, the task that leases due messages and sends each
 //!   through the same retry layer and upstream as synchronous traffic.
 
 pub(crate) mod accept;
+pub(crate) mod alert;
 pub(crate) mod status;
 pub(crate) mod worker;
 

@@ -18,6 +18,8 @@
 //!   dead letter; metrics `deliveries_attempted_total`, `deliveries_succeeded_total`,
 //!   `dlq_messages_total` (by `queue`), and the `delivery_queue_depth` and
 //!   `delivery_queue_oldest_age_seconds` gauges.
+//! - With `delivery.alert_webhook`, each dead letter is also announced there
+//!   ([`super::alert`]), in the background.
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -35,6 +37,7 @@ use tokio::time::Instant;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 
+use super::alert::{Alerter, DeadLetterAlert};
 use super::{Deliveries, PORTCULLIS_DELIVERY_ID, STORED_CLIENT};
 use crate::config::DeliverySettings;
 use crate::plumbing::client::Client;
@@ -102,10 +105,15 @@ pub(crate) fn spawn(routes: &[Arc<Route>], parts: &WorkerParts, stop: &watch::Re
         ] {
             metrics::counter!(name, "queue" => queue.clone()).increment(0);
         }
+        let alerter = delivery.alert.clone().map(|webhook| {
+            super::alert::register(&queue);
+            Alerter::new(webhook)
+        });
         let worker = Worker {
             route: route.clone(),
             delivery,
             parts: parts.clone(),
+            alerter,
         };
         tokio::spawn(worker.run(stop.clone()));
     }
@@ -115,6 +123,7 @@ struct Worker {
     route: Arc<Route>,
     delivery: Arc<DeliverySettings>,
     parts: WorkerParts,
+    alerter: Option<Alerter>,
 }
 
 impl Worker {
@@ -316,6 +325,10 @@ impl Worker {
     /// Dead-letters `message` with `reason`: one error log line and `dlq_messages_total`.
     async fn dead(&self, message: &Leased, attempt: Option<Attempt>, reason: &str, key: &str) {
         let queue = self.queue().to_owned();
+        // Attempts made: none now when the message was too old to try.
+        let attempts = message
+            .attempts
+            .saturating_add(u32::from(attempt.is_some()));
         match self
             .parts
             .deliveries
@@ -330,11 +343,22 @@ impl Worker {
                     queue,
                     tenant = message.tenant.as_deref().unwrap_or("anonymous"),
                     dependency = self.dependency(),
-                    attempts = message.attempts.saturating_add(1),
+                    attempts,
                     idempotency_key = key,
                     reason,
                     "delivery dead-lettered"
                 );
+                if let Some(alerter) = &self.alerter {
+                    alerter.announce(DeadLetterAlert {
+                        event: "delivery.dead_lettered",
+                        queue,
+                        delivery_id: message.id.to_string(),
+                        reason: reason.to_owned(),
+                        attempts,
+                        tenant: message.tenant.clone(),
+                        dead_at_ms: unix_ms(self.parts.clock.as_ref()),
+                    });
+                }
             }
             Err(err) => {
                 tracing::warn!(delivery_id = %message.id, queue, error = %err, "dead letter not recorded");
