@@ -2,8 +2,9 @@
 //! open-loop load (HTTP/1.1 keep-alive and HTTP/2 clients, at `common::load_rate`) fail no
 //! request, a new route answers at once, spent tokens stay spent, an
 //! invalid file or a restart-only change changes nothing and says which field, SIGHUP and
-//! the file watcher (a ConfigMap-style symlink swap) apply, and an upstream the reload did
-//! not touch keeps its pooled connection.
+//! the file watcher (a ConfigMap-style symlink swap) apply, an upstream the reload did not
+//! touch keeps its pooled connection, asynchronous deliveries follow the new endpoints with
+//! none lost or doubled, and the first asynchronous route needs a restart.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -553,4 +554,155 @@ async fn an_upstream_the_reload_did_not_touch_keeps_its_pooled_connection() {
         summary["upstreams"]["changed"],
         serde_json::json!(["moving"])
     );
+}
+
+/// An asynchronous route `/hooks` toward upstream `u` at `endpoint`, tenant `acme`.
+fn async_config(endpoint: &str) -> String {
+    format!(
+        r#"[server]
+listen = "{{listen}}"
+admin_listen = "{{admin_listen}}"
+
+[[tenants]]
+id = "acme"
+api_keys = ["key-acme-0001"]
+rate = 1000
+per = "1s"
+burst = 1000
+
+[[upstreams]]
+name = "u"
+endpoints = ["{endpoint}"]
+retry = {{ max_retries = 0 }}
+
+[[routes]]
+name = "hooks"
+prefix = "/hooks"
+upstream = "u"
+timeout = "30s"
+delivery = {{ mode = "async" }}
+"#
+    )
+}
+
+/// The delivery ids an upstream was sent (its `Portcullis-Delivery-Id`), in arrival order.
+fn delivered_ids(upstream: &ScriptedUpstream) -> Vec<String> {
+    upstream
+        .hits()
+        .iter()
+        .map(|hit| crate::async_delivery::header(hit, "portcullis-delivery-id").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn async_deliveries_follow_a_reload_to_the_new_endpoints_none_lost_or_doubled() {
+    use crate::async_delivery::{accept, status_of, until};
+    use portcullis_testkit::upstream::{Gate, Step};
+
+    // A holds the first delivery until after the reload: a message the old workers leased.
+    let gate = Gate::new();
+    let a = ScriptedUpstream::start_with_fallback(
+        vec![Step::gated(&gate, Step::ok("a"))],
+        Step::ok("a"),
+    )
+    .await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let gateway = GatewayProcess::start_with(BIN, &async_config(&a.url()), options()).await;
+    let key = [("x-api-key", "key-acme-0001")];
+    let mut before = Vec::new();
+    before.push(accept(&gateway, &key, "{\"n\":0}").await.0);
+    until("A holds the first delivery", || a.hit_count() == 1).await;
+    for n in 1..5 {
+        before.push(accept(&gateway, &key, &format!("{{\"n\":{n}}}")).await.0);
+    }
+    until("A got the first five", || a.hit_count() == 5).await;
+
+    install(&gateway, &async_config(&b.url()));
+    let summary = reload_ok(&gateway).await;
+    assert_eq!(summary["upstreams"]["changed"], serde_json::json!(["u"]));
+    let mut after = Vec::new();
+    for n in 5..10 {
+        after.push(accept(&gateway, &key, &format!("{{\"n\":{n}}}")).await.0);
+    }
+    until("B got the five accepted after the reload", || {
+        b.hit_count() >= 5
+    })
+    .await;
+    // The leased one finishes on the worker that leased it, through A.
+    gate.open();
+    let all: Vec<&String> = before.iter().chain(&after).collect();
+    for id in &all {
+        let mut delivered = false;
+        for _ in 0..300 {
+            if status_of(&gateway, id, Some("key-acme-0001")).await.1["state"] == "delivered" {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(delivered, "{id} never delivered; log:\n{}", gateway.logs());
+    }
+
+    // From the upstreams' records: the five accepted before at A, the five after at B, each
+    // once.
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    let (at_a, at_b) = (delivered_ids(&a), delivered_ids(&b));
+    assert_eq!(at_a[0], before[0], "the held one first: {at_a:?}");
+    assert_eq!(sorted(at_a.clone()), sorted(before.clone()), "A: {at_a:?}");
+    assert_eq!(sorted(at_b.clone()), sorted(after.clone()), "B: {at_b:?}");
+    for hit in a.hits().iter().chain(b.hits().iter()) {
+        let id = crate::async_delivery::header(hit, "portcullis-delivery-id");
+        assert_eq!(
+            crate::async_delivery::header(hit, "idempotency-key"),
+            format!("delivery-{id}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_reload_adding_the_first_async_route_is_refused_naming_the_field() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let url = upstream.url();
+    let shape = Shape {
+        server: "",
+        steady: &url,
+        moving: &url,
+        extra: false,
+        meter_burst: 5,
+        other_burst: 5,
+    };
+    let gateway = GatewayProcess::start_with(BIN, &config(&shape), options()).await;
+    // `/extra` added, asynchronous.
+    let text = config(&Shape {
+        extra: true,
+        ..shape
+    })
+    .replace(
+        "prefix = \"/extra\"\nupstream = \"steady\"\n",
+        "prefix = \"/extra\"\nupstream = \"steady\"\ndelivery = { mode = \"async\" }\n",
+    );
+    assert!(text.contains("mode = \"async\""));
+    install(&gateway, &text);
+    let body = assert_problem(reload(&gateway).await, 422).await;
+    assert_eq!(body["field"], "routes[].delivery", "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("storage.queue"),
+        "{body}"
+    );
+    assert_eq!(reloads(&gateway, "rejected").await, 1);
+    assert_eq!(reloads(&gateway, "applied").await, 0);
+    // Nothing changed: no `/extra`, synchronous or not, and nothing reached the upstream
+    // but the one request below.
+    let response = client()
+        .post(gateway.url() + "/extra/event")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(status(&gateway, "/steady/x", None).await, 200);
+    assert_eq!(upstream.hit_count(), 1);
 }
