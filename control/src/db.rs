@@ -207,6 +207,18 @@ impl Database {
         Ok(())
     }
 
+    /// A write, for readiness: a no-op update of the configuration version row (the row every
+    /// directory change updates). A database that answers `SELECT 1` but refuses writes (a
+    /// read-only transaction default, a standby after a fail-over, a full disk) fails it.
+    pub async fn check_writes(&self) -> Result<(), DbError> {
+        let sql = "UPDATE config_version SET version = version WHERE id = 1";
+        match self {
+            Self::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(|_| ())?,
+            Self::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(|_| ())?,
+        }
+        Ok(())
+    }
+
     /// Upserts the tenants of the configuration file and their keys (hashed), in one
     /// transaction, and bumps the configuration version so replicas reload.
     pub async fn upsert_tenants(&self, tenants: &[TenantSeed<'_>]) -> Result<(), DbError> {

@@ -6,6 +6,29 @@ use portcullis_testkit::upstream::ScriptedUpstream;
 /// The gateway binary Cargo built for this test target.
 pub const BIN: &str = env!("CARGO_BIN_EXE_portcullis");
 
+/// The environment variable that sets the open-loop rate (requests per second) of the reload
+/// and upgrade load tests.
+pub const LOAD_RATE_ENV: &str = "PORTCULLIS_TEST_LOAD_RATE";
+
+/// The open-loop rate of the reload and upgrade load tests: [`LOAD_RATE_ENV`], else 400 per
+/// second. Bounded to 50..=20 000 (a typo must not turn a test into a flood or a crawl).
+pub fn load_rate() -> u32 {
+    match std::env::var(LOAD_RATE_ENV) {
+        Ok(text) => {
+            let rate: u32 = text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{LOAD_RATE_ENV}={text:?}: requests per second"));
+            assert!(
+                (50..=20_000).contains(&rate),
+                "{LOAD_RATE_ENV}={rate}: between 50 and 20000"
+            );
+            rate
+        }
+        Err(_) => 400,
+    }
+}
+
 /// An HTTP client without connection reuse surprises: no proxy, short timeouts.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -120,6 +120,8 @@ mod upstream_pool;
 mod routing;
 // Inbound signatures (hmac-sha256, stripe, standard-webhooks): valid forwarded byte for byte; forged, stale, missing → 401, never forwarded, no rate-limit token spent.
 mod inbound_signatures;
+// /readyz over a private PostgreSQL: a read-only directory database and a stopped idempotency store each turn it 503 within 2 s, named.
+mod readiness_postgres;
 // Asynchronous routes on SQLite: 202 before delivery, dedupe, the retry schedule from the upstream's timestamps, dead letters, SIGKILL and restart.
 mod async_delivery;
 // deploy/prometheus/portcullis-alerts.yml passes `promtool check rules` (dead letters, oldest pending message).

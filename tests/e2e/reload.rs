@@ -1,8 +1,10 @@
 //! Live reload of the configuration file through the real binary: ten reloads under an
-//! open-loop load fail no request, a new route answers at once, spent tokens stay spent, an
+//! open-loop load (HTTP/1.1 keep-alive and HTTP/2 clients, at `common::load_rate`) fail no
+//! request, a new route answers at once, spent tokens stay spent, an
 //! invalid file or a restart-only change changes nothing and says which field, SIGHUP and
-//! the file watcher (a ConfigMap-style symlink swap) apply, and an upstream the reload did
-//! not touch keeps its pooled connection.
+//! the file watcher (a ConfigMap-style symlink swap) apply, an upstream the reload did not
+//! touch keeps its pooled connection, asynchronous deliveries follow the new endpoints with
+//! none lost or doubled, and the first asynchronous route needs a restart.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use portcullis_testkit::gateway::{GatewayOptions, GatewayProcess};
 use portcullis_testkit::upstream::ScriptedUpstream;
 
-use crate::common::{assert_problem, client, BIN};
+use crate::common::{assert_problem, client, load_rate, BIN};
 
 const TOKEN: &str = "reload-test-admin-token-0123456789";
 const METER_KEY: &str = "meter-key-0001";
@@ -178,41 +180,62 @@ async fn ten_reloads_under_open_loop_load_fail_no_request() {
     let gateway = GatewayProcess::start_with(BIN, &config(&shape(0)), options()).await;
     assert_eq!(status(&gateway, "/extra/x", None).await, 404);
 
-    // Open loop: one request every 2.5 ms (400/s) on its schedule, whatever the answers take,
-    // over the client's keep-alive pool; a fixed budget, and it stops once the reloads are
-    // done and at least 1 200 were sent.
-    const MAX_REQUESTS: usize = 8_000;
-    const MIN_REQUESTS: usize = 1_200;
-    let http = reqwest::Client::builder()
+    // Open loop: one request every 1/rate s (400/s unless `PORTCULLIS_TEST_LOAD_RATE` says
+    // otherwise) on its schedule, whatever the answers take; two of three over an HTTP/1.1
+    // keep-alive pool, one of three over one HTTP/2 connection (h2c, prior knowledge), each
+    // marked with `x-client`. A fixed budget (20 s of sends), and it stops once the reloads
+    // are done and at least 3 s of sends went out.
+    let rate = load_rate();
+    let max_requests = 20 * rate as usize;
+    let min_requests = 3 * rate as usize;
+    let interval = Duration::from_secs(1) / rate;
+    // Generous timeouts: on a starved machine a slow answer is not what this test looks for
+    // (a request dropped by a reload fails at once).
+    let h1 = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(32)
-        // Generous: on a starved machine a slow answer is not what this test looks for (a
-        // request dropped by a reload fails at once).
+        .timeout(Duration::from_secs(40))
+        .build()
+        .unwrap();
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
         .timeout(Duration::from_secs(40))
         .build()
         .unwrap();
     let reloads_done = Arc::new(AtomicBool::new(false));
     let failed = Arc::new(AtomicUsize::new(0));
     let served = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    // Answers that came over HTTP/2, and HTTP/2 requests sent.
+    let over_h2 = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
     let started = tokio::time::Instant::now();
     let load = {
-        let (http, url, reloads_done) = (http.clone(), gateway.url(), reloads_done.clone());
-        let (failed, served) = (failed.clone(), served.clone());
+        let (url, reloads_done) = (gateway.url(), reloads_done.clone());
+        let (failed, served, over_h2) = (failed.clone(), served.clone(), over_h2.clone());
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_micros(2_500));
+            let mut tick = tokio::time::interval(interval);
             let mut tasks = Vec::new();
-            for i in 0..MAX_REQUESTS {
+            for i in 0..max_requests {
                 tick.tick().await;
-                if i >= MIN_REQUESTS && reloads_done.load(Ordering::Relaxed) {
+                if i >= min_requests && reloads_done.load(Ordering::Relaxed) {
                     break;
                 }
                 let which = i % 2;
                 let path = ["steady", "moving"][which];
-                let (http, url) = (http.clone(), url.clone());
-                let (failed, served) = (failed.clone(), served.clone());
+                let http2 = i % 3 == 2;
+                let http = if http2 { h2.clone() } else { h1.clone() };
+                over_h2[1].fetch_add(usize::from(http2), Ordering::Relaxed);
+                let url = url.clone();
+                let (failed, served, over_h2) = (failed.clone(), served.clone(), over_h2.clone());
                 tasks.push(tokio::spawn(async move {
-                    match http.get(format!("{url}/{path}/{i}")).send().await {
+                    let request = http
+                        .get(format!("{url}/{path}/{i}"))
+                        .header("x-client", if http2 { "h2" } else { "h1" });
+                    match request.send().await {
                         Ok(r) if r.status() == 200 => {
+                            if r.version() == http::Version::HTTP_2 {
+                                over_h2[0].fetch_add(1, Ordering::Relaxed);
+                            }
                             served[which].fetch_add(1, Ordering::Relaxed);
                         }
                         Ok(r) => {
@@ -276,12 +299,26 @@ async fn ten_reloads_under_open_loop_load_fail_no_request() {
     );
     let [to_steady, to_moving] = [0, 1].map(|i| served[i].load(Ordering::Relaxed));
     assert_eq!(to_steady + to_moving, sent);
-    assert!(sent >= MIN_REQUESTS, "{sent}");
+    assert!(sent >= min_requests, "{sent}");
+    // A third really went over HTTP/2.
+    let [h2_answered, h2_sent] = [0, 1].map(|i| over_h2[i].load(Ordering::Relaxed));
+    assert_eq!(h2_answered, h2_sent);
+    assert!(h2_sent >= sent / 3, "{h2_sent} of {sent}");
     // What the upstreams received: every steady request (and the /extra polls that got 200)
     // at the steady upstream, every moving one at A or B, and both took a share.
     assert_eq!(steady.hit_count(), to_steady + extra_polls);
     assert_eq!(a.hit_count() + b.hit_count(), to_moving);
     assert!(a.hit_count() > 0 && b.hit_count() > 0);
+    // Each client's requests, counted where they arrived.
+    let upstream_hits = [steady.hits(), a.hits(), b.hits()].concat();
+    let from = |client: &str| {
+        upstream_hits
+            .iter()
+            .filter(|h| h.headers.get("x-client").is_some_and(|v| v == client))
+            .count()
+    };
+    assert_eq!(from("h2"), h2_sent);
+    assert_eq!(from("h1"), sent - h2_sent);
     assert_eq!(reloads(&gateway, "applied").await, 10);
     assert_eq!(reloads(&gateway, "rejected").await, 0);
 }
@@ -517,4 +554,156 @@ async fn an_upstream_the_reload_did_not_touch_keeps_its_pooled_connection() {
         summary["upstreams"]["changed"],
         serde_json::json!(["moving"])
     );
+}
+
+/// An asynchronous route `/hooks` toward upstream `u` at `endpoint`, tenant `acme`.
+fn async_config(endpoint: &str) -> String {
+    format!(
+        r#"[server]
+listen = "{{listen}}"
+admin_listen = "{{admin_listen}}"
+
+[[tenants]]
+id = "acme"
+api_keys = ["key-acme-0001"]
+rate = 1000
+per = "1s"
+burst = 1000
+
+[[upstreams]]
+name = "u"
+endpoints = ["{endpoint}"]
+retry = {{ max_retries = 0 }}
+
+[[routes]]
+name = "hooks"
+prefix = "/hooks"
+upstream = "u"
+timeout = "30s"
+delivery = {{ mode = "async" }}
+"#
+    )
+}
+
+/// The delivery ids an upstream was sent (its `Portcullis-Delivery-Id`), in arrival order.
+fn delivered_ids(upstream: &ScriptedUpstream) -> Vec<String> {
+    upstream
+        .hits()
+        .iter()
+        .map(|hit| crate::async_delivery::header(hit, "portcullis-delivery-id").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn async_deliveries_follow_a_reload_to_the_new_endpoints_none_lost_or_doubled() {
+    use crate::async_delivery::{accept, status_of, until};
+    use portcullis_testkit::upstream::{Gate, Step};
+
+    // A holds the first delivery until after the reload: a message the old workers leased.
+    let gate = Gate::new();
+    let a = ScriptedUpstream::start_with_fallback(
+        vec![Step::gated(&gate, Step::ok("a"))],
+        Step::ok("a"),
+    )
+    .await;
+    let b = ScriptedUpstream::start(vec![]).await;
+    let gateway = GatewayProcess::start_with(BIN, &async_config(&a.url()), options()).await;
+    let key = [("x-api-key", "key-acme-0001")];
+    let mut before = Vec::new();
+    before.push(accept(&gateway, &key, "{\"n\":0}").await.0);
+    until("A holds the first delivery", || a.hit_count() == 1).await;
+    for n in 1..5 {
+        before.push(accept(&gateway, &key, &format!("{{\"n\":{n}}}")).await.0);
+    }
+    until("A got the first five", || a.hit_count() == 5).await;
+
+    install(&gateway, &async_config(&b.url()));
+    let summary = reload_ok(&gateway).await;
+    assert_eq!(summary["upstreams"]["changed"], serde_json::json!(["u"]));
+    let mut after = Vec::new();
+    for n in 5..10 {
+        after.push(accept(&gateway, &key, &format!("{{\"n\":{n}}}")).await.0);
+    }
+    until("B got the five accepted after the reload", || {
+        b.hit_count() >= 5
+    })
+    .await;
+    // The leased one finishes on the worker that leased it, through A.
+    gate.open();
+    let all: Vec<&String> = before.iter().chain(&after).collect();
+    for id in &all {
+        let mut delivered = false;
+        for _ in 0..300 {
+            if status_of(&gateway, id, Some("key-acme-0001")).await.1["state"] == "delivered" {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(delivered, "{id} never delivered; log:\n{}", gateway.logs());
+    }
+
+    // From the upstreams' records: the five accepted before at A, the five after at B, each
+    // once.
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    let (at_a, at_b) = (delivered_ids(&a), delivered_ids(&b));
+    assert_eq!(at_a[0], before[0], "the held one first: {at_a:?}");
+    assert_eq!(sorted(at_a.clone()), sorted(before.clone()), "A: {at_a:?}");
+    assert_eq!(sorted(at_b.clone()), sorted(after.clone()), "B: {at_b:?}");
+    for hit in a.hits().iter().chain(b.hits().iter()) {
+        let id = crate::async_delivery::header(hit, "portcullis-delivery-id");
+        assert_eq!(
+            crate::async_delivery::header(hit, "idempotency-key"),
+            format!("delivery-{id}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_reload_adding_the_first_async_route_is_refused_naming_the_field() {
+    let upstream = ScriptedUpstream::start(vec![]).await;
+    let url = upstream.url();
+    let shape = Shape {
+        server: "",
+        steady: &url,
+        moving: &url,
+        extra: false,
+        meter_burst: 5,
+        other_burst: 5,
+    };
+    let gateway = GatewayProcess::start_with(BIN, &config(&shape), options()).await;
+    // `/extra` added, asynchronous.
+    let text = config(&Shape {
+        extra: true,
+        ..shape
+    })
+    .replace(
+        "prefix = \"/extra\"\nupstream = \"steady\"\n",
+        "prefix = \"/extra\"\nupstream = \"steady\"\ndelivery = { mode = \"async\" }\n",
+    );
+    assert!(text.contains("mode = \"async\""));
+    install(&gateway, &text);
+    let body = assert_problem(reload(&gateway).await, 422).await;
+    // `/extra` is the third route of the file.
+    assert_eq!(body["field"], "routes[2].delivery", "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("storage.queue"),
+        "{body}"
+    );
+    assert_eq!(reloads(&gateway, "rejected").await, 1);
+    assert_eq!(reloads(&gateway, "applied").await, 0);
+    // Nothing changed: no `/extra`, synchronous or not, and nothing reached the upstream
+    // but the one request below.
+    let response = client()
+        .post(gateway.url() + "/extra/event")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(status(&gateway, "/steady/x", None).await, 200);
+    assert_eq!(upstream.hit_count(), 1);
 }

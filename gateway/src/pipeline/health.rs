@@ -1,5 +1,6 @@
 //! Operations endpoints: `/healthz` (the process serves), `/readyz` (the configured stores
-//! accept a write — on a Redis Cluster, every slot range's master —, every upstream has a
+//! accept a write — the database, a PostgreSQL idempotency store, on a Redis Cluster every
+//! slot range's master —, every upstream has a
 //! usable endpoint, and the process is not draining) and `/metrics` (Prometheus), on the admin listener;
 //! `/healthz` and `/readyz` also answer on the proxy listener for load-balancer checks.
 
@@ -18,11 +19,24 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use portcullis_control::Database;
 use portcullis_problem::Problem;
 use portcullis_redis::RedisClient;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::upstream::proxy::Upstream;
 
 /// Each readiness check must answer within this.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `application_name` of the readiness probe's connection (apart from the store's own).
+const PROBE_APPLICATION: &str = "portcullis-readyz";
+
+/// The write probe of a PostgreSQL idempotency store: a row in its table, as `try_lock`
+/// writes, under a tenant no configuration can have (ids are not empty), expiring in 10 s
+/// (invisible to the store after it, then reaped). Every replica updates the same row.
+const IDEMPOTENCY_PROBE: &str = "INSERT INTO idempotency_records \
+     (tenant, route, key, fingerprint, state, fencing_token, expires_at) \
+     VALUES ('', 'portcullis:readyz', 'probe', decode(repeat('00', 32), 'hex'), 'too_large', 0, \
+     now() + interval '10 seconds') \
+     ON CONFLICT (tenant, route, key) DO UPDATE SET expires_at = EXCLUDED.expires_at";
 
 /// What readiness depends on.
 #[derive(Debug)]
@@ -31,6 +45,9 @@ pub struct Health {
     db: Database,
     /// Each Redis deployment in use, with the configuration field that names it.
     redis: Vec<(&'static str, RedisClient)>,
+    /// A PostgreSQL idempotency store (`storage.idempotency`): one lazily connected
+    /// connection of its own, so a busy store pool cannot fail the probe.
+    idempotency: Option<PgPool>,
     /// Replaced by a configuration reload.
     upstreams: ArcSwap<Vec<Arc<Upstream>>>,
 }
@@ -44,8 +61,24 @@ impl Health {
             draining: AtomicBool::new(false),
             db,
             redis,
+            idempotency: None,
             upstreams: ArcSwap::from_pointee(Vec::new()),
         }
+    }
+
+    /// Also not ready while the PostgreSQL idempotency store at `url` refuses a write. The
+    /// connection is made by the first probe (the store has connected already).
+    pub(crate) fn with_postgres_idempotency(mut self, url: &str) -> Result<Self, sqlx::Error> {
+        let options = url
+            .parse::<PgConnectOptions>()?
+            .application_name(PROBE_APPLICATION);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(CHECK_TIMEOUT)
+            .connect_lazy_with(options);
+        self.idempotency = Some(pool);
+        Ok(self)
     }
 
     /// Also not ready while an upstream has no usable endpoint (see `ready`).
@@ -83,10 +116,19 @@ impl Health {
                 down.join(", ")
             ));
         }
-        match tokio::time::timeout(CHECK_TIMEOUT, self.db.ping()).await {
+        // A write, as the directory writes: `SELECT 1` still answers on a read-only database.
+        match tokio::time::timeout(CHECK_TIMEOUT, self.db.check_writes()).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => return Err(format!("database: {err}")),
             Err(_) => return Err("database: timed out".into()),
+        }
+        if let Some(pool) = &self.idempotency {
+            let probe = sqlx::query(IDEMPOTENCY_PROBE).execute(pool);
+            match tokio::time::timeout(CHECK_TIMEOUT, probe).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => return Err(format!("storage.idempotency (postgres): {err}")),
+                Err(_) => return Err("storage.idempotency (postgres): timed out".into()),
+            }
         }
         for (field, client) in &self.redis {
             // A write, as the stores write: a cluster's remaining masters still answer PING

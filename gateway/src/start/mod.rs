@@ -66,8 +66,15 @@ pub async fn run_with(
     let upstreams: Vec<Arc<Upstream>> = running.iter().map(|r| r.upstream().clone()).collect();
 
     let redis_clients = redis_health_clients(&config)?;
-    let health =
-        Arc::new(Health::new(stores.db.clone(), redis_clients).with_upstreams(upstreams.clone()));
+    let mut health =
+        Health::new(stores.db.clone(), redis_clients).with_upstreams(upstreams.clone());
+    if let IdempotencyBackend::Postgres(url) = &config.storage.idempotency {
+        // The store connected with the same URL already, so it parses.
+        health = health
+            .with_postgres_idempotency(url)
+            .map_err(|err| StartError::Database(err.into()))?;
+    }
+    let health = Arc::new(health);
     let demo = match config.demo.enabled {
         true => Some(bind(config.demo.listen, "demo.listen", &mut inherited).await?),
         false => None,

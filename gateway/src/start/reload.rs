@@ -154,7 +154,7 @@ fn needs_restart(running: &Config, next: &Config) -> Result<(), ReloadError> {
         .find(|f| (f.value)(running) != (f.value)(next))
     {
         Some(fixed) => Err(ReloadError::NeedsRestart {
-            field: fixed.field,
+            field: fixed.field.to_owned(),
             reason: fixed.reason,
         }),
         None => Ok(()),
@@ -172,10 +172,7 @@ pub(crate) enum ReloadError {
     Invalid(#[from] ConfigError),
     /// A field that only a restart can change.
     #[error("{field}: cannot change without a restart: {reason}")]
-    NeedsRestart {
-        field: &'static str,
-        reason: &'static str,
-    },
+    NeedsRestart { field: String, reason: &'static str },
     /// The file's tenants could not be written to the database.
     #[error("tenants: {0}")]
     Tenants(#[source] DbError),
@@ -187,7 +184,7 @@ impl ReloadError {
         match self {
             Self::NoFile => Vec::new(),
             Self::Invalid(err) => err.paths(),
-            Self::NeedsRestart { field, .. } => vec![(*field).to_owned()],
+            Self::NeedsRestart { field, .. } => vec![field.clone()],
             Self::Tenants(_) => vec!["tenants".to_owned()],
         }
     }
@@ -521,9 +518,11 @@ impl Reloader {
             config.server.log_format = format;
         }
         needs_restart(&live.config, &config)?;
-        if self.queue.is_none() && config.routes.iter().any(|r| r.delivery.is_some()) {
+        // Named by the first asynchronous route's place in the file.
+        let first_async = config.routes.iter().position(|r| r.delivery.is_some());
+        if let (None, Some(index)) = (&self.queue, first_async) {
             return Err(ReloadError::NeedsRestart {
-                field: "routes[].delivery",
+                field: format!("routes[{index}].delivery"),
                 reason: QUEUE,
             });
         }

@@ -32,14 +32,28 @@ use tokio::net::TcpStream;
 use super::process::{status_file, successor_of};
 use super::PATIENCE;
 
-/// Open-loop send interval: 400 requests per second.
-const INTERVAL: Duration = Duration::from_micros(2500);
-/// Requests sent before the hand-over starts (1 s).
-const BEFORE: usize = 400;
-/// Requests sent after the successor said it serves (1 s).
-const AFTER: usize = 400;
-/// Requests at most (the successor's start-up bounds the rest).
-const MAX_REQUESTS: usize = 400 * 40;
+/// The open-loop schedule at `rate` requests per second (`common::load_rate`, 400 by
+/// default): the send interval, requests before the hand-over starts (1 s), requests after
+/// the successor said it serves (1 s), and requests at most (40 s; the successor's start-up
+/// bounds the rest).
+struct Schedule {
+    interval: Duration,
+    before: usize,
+    after: usize,
+    max_requests: usize,
+}
+
+impl Schedule {
+    fn at(rate: u32) -> Self {
+        let per_second = rate as usize;
+        Self {
+            interval: Duration::from_secs(1) / rate,
+            before: per_second,
+            after: per_second,
+            max_requests: per_second * 40,
+        }
+    }
+}
 
 type Pool = Client<HttpConnector, Full<Bytes>>;
 
@@ -76,10 +90,11 @@ fn unanswered(err: &hyper_util::client::legacy::Error) -> Option<&'static str> {
     }
 }
 
-/// Sends `GET /load?seq=N` every [`INTERVAL`] (2 of 3 over HTTP/1.1 keep-alive, 1 of 3 over
-/// HTTP/2), calls `trigger` after [`BEFORE`] requests, and goes on until [`AFTER`] requests
-/// after the status file names a successor (or the old process reports a failure, or
-/// [`MAX_REQUESTS`]). Sends are scheduled, not paced by answers.
+/// Sends `GET /load?seq=N` every [`Schedule::interval`] (2 of 3 over HTTP/1.1 keep-alive, 1 of
+/// 3 over HTTP/2), calls `trigger` after [`Schedule::before`] requests, and goes on until
+/// [`Schedule::after`] requests after the status file names a successor (or the old process
+/// reports a failure, or [`Schedule::max_requests`]). Sends are scheduled, not paced by
+/// answers.
 pub(super) async fn open_loop(
     addr: SocketAddr,
     runtime: &Path,
@@ -90,30 +105,37 @@ pub(super) async fn open_loop(
     let h2: Pool = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http();
-    let mut ticker = tokio::time::interval(INTERVAL);
+    let Schedule {
+        interval,
+        before,
+        after,
+        max_requests,
+    } = Schedule::at(crate::common::load_rate());
+    let started = tokio::time::Instant::now();
+    let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut tasks = Vec::new();
     let mut trigger = Some(trigger);
     let mut command = None;
-    let mut until = MAX_REQUESTS;
+    let mut until = max_requests;
     let mut run = Run::default();
     let retried = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<&str, usize>::new()));
-    for seq in 0..MAX_REQUESTS {
+    for seq in 0..max_requests {
         if seq >= until {
             break;
         }
         ticker.tick().await;
-        if seq == BEFORE {
+        if seq == before {
             command = trigger.take().and_then(|trigger| trigger());
         }
-        if seq > BEFORE && until == MAX_REQUESTS && seq % 20 == 0 {
+        if seq > before && until == max_requests && seq % 20 == 0 {
             if let Some(successor) = successor_of(runtime, pid) {
                 run.successor = Some(successor);
-                until = seq + AFTER;
+                until = seq + after;
             } else if std::fs::read_to_string(status_file(runtime, pid))
                 .is_ok_and(|s| s.starts_with("failed"))
             {
-                until = seq + AFTER;
+                until = seq + after;
             }
         }
         let http2 = seq % 3 == 2;
@@ -163,6 +185,7 @@ pub(super) async fn open_loop(
         }));
         run.sent += 1;
     }
+    let sending = started.elapsed();
     for task in tasks {
         match task.await.unwrap() {
             Ok(()) => run.ok += 1,
@@ -171,9 +194,11 @@ pub(super) async fn open_loop(
     }
     let retried = retried.lock().unwrap().clone();
     run.retried = retried.values().sum();
+    // For the record only (no assertion on time): the rate the schedule held.
+    let seconds = sending.as_secs_f64();
     eprintln!(
-        "open loop: {} sent, {} answered 200, {} sent again after a connection ended unanswered {retried:?}",
-        run.sent, run.ok, run.retried
+        "open loop: {} sent in {seconds:.2} s ({:.0}/s), {} answered 200, {} sent again after a connection ended unanswered {retried:?}",
+        run.sent, run.sent as f64 / seconds, run.ok, run.retried
     );
     let output = match command {
         Some(command) => Some(command.await.unwrap()),
