@@ -109,8 +109,10 @@ where
     let failures =
         AuthFailures::new(config.auth.failure_limit, config.auth.failure_window).map(Arc::new);
     let telemetry = Arc::new(Telemetry::new(config, trusted.clone()));
-    // No route allows WebSockets: no handshake to count, no step.
     let websockets = config.routes.iter().any(|r| r.websocket.is_some());
+    // Layers only some routes need are in the stack only when some route does: a request
+    // pays for each layer it passes, even one that lets it through untouched.
+    let verifies = config.routes.iter().any(|r| r.verify.is_some());
     let pipeline = ServiceBuilder::new()
         .layer(StepLayer::new(Smuggling)) // ambiguous framing / malformed heads refused by the connection guard → 400, connection closed
         .layer(StepLayer::new(GrpcAnswers)) // the gateway's problems to a gRPC call answered as grpc-status (Trailers-Only)
@@ -125,13 +127,15 @@ where
         ))) // 413 / 431 / 408 for a body that does not arrive in time
         .layer(StepLayer::new(Target)) // path normalised in place (nginx rules), Host / :authority checked → 400
         .option_layer(jwt.clone().map(JwtKeysLayer::new)) // a bearer JWT naming an unknown kid waits for one rate-limited JWKS refresh
-        .layer(StatusLayer::new(
-            parts.deliveries.clone(),
-            parts.directory.clone(),
-            jwt.clone(),
-            trusted.clone(),
-            failures.clone(),
-        )) // GET /_portcullis/deliveries/{id}: an accepted request's status, to the caller who sent it (else 404)
+        .option_layer(parts.deliveries.is_some().then(|| {
+            StatusLayer::new(
+                parts.deliveries.clone(),
+                parts.directory.clone(),
+                jwt.clone(),
+                trusted.clone(),
+                failures.clone(),
+            )
+        })) // GET /_portcullis/deliveries/{id}: an accepted request's status, to the caller who sent it (else 404)
         .layer(StepLayer::new(
             Resolve::new(
                 RouteTable::new(&config.routes, &states),
@@ -154,7 +158,7 @@ where
             Concurrency::new(&config.routes), // tenant concurrency_limit, route concurrency_per_caller → 429 concurrency-limited at once, before any rate-limit token is spent
         ))) // both permits held by one response body wrapper until its last byte
         .option_layer(websockets.then(|| StepLayer::new(WebSocketCaps::new(config)))) // only when some route has websocket = true: route and tenant max_websockets → 429 at once, the slots ride to the tunnel; any other CONNECT → 501, an HTTP/2 WebSocket on a route without websocket → 403
-        .layer(SignatureLayer::new(Arc::new(SystemWallClock))) // routes with verify: body read whole (max_body_bytes), HMAC checked in constant time; missing, forged or stale → 401 before any rate-limit token is spent
+        .option_layer(verifies.then(|| SignatureLayer::new(Arc::new(SystemWallClock)))) // routes with verify: body read whole (max_body_bytes), HMAC checked in constant time; missing, forged or stale → 401 before any rate-limit token is spent
         .layer(
             RateLimitLayer::new(
                 parts.limiter.clone(),
@@ -163,7 +167,12 @@ where
             .with_observer(crate::pipeline::ratelimit::count_rate_limited),
         ) // all policies at once; 429 + Retry-After, headers on every response; its own 429s counted per tenant
         .layer(BufferLayer::new(config.server.request_buffer_bytes)) // bodies up to request_buffer_bytes read whole before any upstream contact; stalled → 408, nothing sent
-        .layer(AcceptLayer::new(parts.deliveries.clone())) // asynchronous routes: deduped and stored with enqueue, then 202 + Portcullis-Delivery-Id + Location; queue down → 503; nothing below runs (the worker delivers later through `delivery`)
+        .option_layer(
+            parts
+                .deliveries
+                .is_some()
+                .then(|| AcceptLayer::new(parts.deliveries.clone())),
+        ) // asynchronous routes: deduped and stored with enqueue, then 202 + Portcullis-Delivery-Id + Location; queue down → 503; nothing below runs (the worker delivers later through `delivery`)
         .layer(IdempotencyLayer::new(
             parts.idempotency_store.clone(),
             crate::pipeline::idempotency::extractor(config),
