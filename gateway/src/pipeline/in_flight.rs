@@ -9,6 +9,7 @@
 //! short critical section on one shard (table), and a full limit is a refusal at once.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -50,7 +51,33 @@ pub(crate) struct KeyedCounts {
     limit: u32,
     /// Keys with a request in flight (entries in the table); read by the fair share.
     keys: AtomicUsize,
-    shards: Box<[Mutex<HashMap<u64, u32>>]>,
+    shards: Box<[Mutex<Counts>]>,
+}
+
+/// One shard: in-flight count per key.
+type Counts = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+
+/// The table's hasher: keys are caller keys, already hashed with a per-process random key
+/// (`plumbing::context::caller_key`), so they are used as they are rather than hashed again
+/// (two hash runs per request saved; nobody outside can aim keys at one bucket).
+#[derive(Debug, Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; any other input still gets a deterministic hash.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
 }
 
 // === impl KeyedCounts ===
@@ -111,7 +138,7 @@ impl KeyedCounts {
         (0..SHARDS).map(|i| self.shard(i as u64).len()).sum()
     }
 
-    fn shard(&self, key: u64) -> MutexGuard<'_, HashMap<u64, u32>> {
+    fn shard(&self, key: u64) -> MutexGuard<'_, Counts> {
         // Keys are already hashes; the low bits pick the shard. A panic while holding a
         // shard cannot leave a count half-written (each update is one store), so a poisoned
         // lock is taken over rather than refusing every later request.

@@ -90,8 +90,12 @@ pub enum Caller {
 /// cannot pose as many callers by rotating addresses; an IPv4-mapped address counts as the
 /// IPv4 address. Hashed once per request, in [`RequestContext::new`].
 pub(crate) fn caller_key(caller: &Caller, client_ip: IpAddr) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    use std::hash::{BuildHasher, Hash, Hasher};
+    // Keyed at random once per process: the per-caller tables use the key as their hash
+    // (`pipeline::in_flight`), so a client must not be able to choose addresses that collide.
+    static KEYS: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(std::collections::hash_map::RandomState::new);
+    let mut hasher = KEYS.build_hasher();
     match (caller, client_ip.to_canonical()) {
         (Caller::Tenant(tenant), _) => ("tenant", &tenant.id).hash(&mut hasher),
         (Caller::Anonymous, IpAddr::V4(v4)) => ("ip4", v4).hash(&mut hasher),
