@@ -43,6 +43,7 @@ use crate::edge::listener::HttpService;
 use crate::pipeline::deliveries::worker::{self, WorkerParts};
 use crate::pipeline::deliveries::Deliveries;
 use crate::pipeline::health::Health;
+use crate::plumbing::hangup::Hangup;
 use crate::upstream::balance::status;
 use crate::upstream::proxy::Upstream;
 use crate::{pipeline, stack, upstream};
@@ -654,7 +655,7 @@ impl Reloader {
     /// `stop` resolves.
     pub(crate) async fn watch(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        let mut hangup = hangup_signal();
+        let mut hangup = Hangup::install("the configuration reloads through the admin API only");
         let mut poll = tokio::time::interval(WATCH_INTERVAL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let path = self.source.as_ref().map(|s| s.path.clone());
@@ -662,11 +663,7 @@ impl Reloader {
         loop {
             tokio::select! {
                 () = &mut stop => return,
-                received = recv(&mut hangup) => {
-                    if !received {
-                        hangup = None;
-                        continue;
-                    }
+                () = hangup.received() => {
                     if self.source.is_none() {
                         tracing::info!("SIGHUP: running on the embedded default configuration; no file to reload");
                         continue;
@@ -869,38 +866,6 @@ async fn endpoint(State(endpoint): State<Arc<Endpoint>>, request: Request, next:
         Ok(summary) => axum::Json(summary).into_response(),
         Err(err) => err.problem().into_response(),
     }
-}
-
-#[cfg(unix)]
-type Hangup = tokio::signal::unix::Signal;
-#[cfg(not(unix))]
-type Hangup = ();
-
-#[cfg(unix)]
-fn hangup_signal() -> Option<Hangup> {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::hangup()) {
-        Ok(signal) => Some(signal),
-        Err(err) => {
-            tracing::warn!(%err, "cannot install the SIGHUP handler; the configuration reloads through the admin API only");
-            None
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn hangup_signal() -> Option<Hangup> {
-    None
-}
-
-/// Waits for the next SIGHUP; `false` when the stream ended. Pending forever without one.
-async fn recv(hangup: &mut Option<Hangup>) -> bool {
-    #[cfg(unix)]
-    if let Some(signal) = hangup.as_mut() {
-        return signal.recv().await.is_some();
-    }
-    let _ = hangup;
-    std::future::pending().await
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::listener::{ReloadOutcome, ReloadableCert};
+use crate::plumbing::hangup::Hangup;
 
 /// How often the certificate files are checked for changes. One `stat` per file per second
 /// is negligible, and a rotation tool's rename is picked up within this bound.
@@ -16,18 +17,13 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// (`start::reload`) answers the same signal.
 pub async fn watch(certs: Vec<Arc<ReloadableCert>>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
-    let mut hangup = hangup_signal();
+    let mut hangup = Hangup::install("certificates reload on file change only");
     let mut poll = tokio::time::interval(POLL_INTERVAL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = &mut stop => return,
-            received = recv(&mut hangup) => {
-                if !received {
-                    // The signal stream ended (cannot happen on Unix); keep polling files.
-                    hangup = None;
-                    continue;
-                }
+            () = hangup.received() => {
                 if certs.is_empty() {
                     // The configuration reloads on SIGHUP too (`start::reload`), which logs.
                     tracing::debug!("SIGHUP: no TLS certificate configured");
@@ -61,36 +57,4 @@ fn report(cert: &ReloadableCert, outcome: ReloadOutcome, trigger: &'static str) 
             "new TLS certificate refused; the previous certificate stays in service"
         ),
     }
-}
-
-#[cfg(unix)]
-type Hangup = tokio::signal::unix::Signal;
-#[cfg(not(unix))]
-type Hangup = ();
-
-#[cfg(unix)]
-fn hangup_signal() -> Option<Hangup> {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::hangup()) {
-        Ok(signal) => Some(signal),
-        Err(err) => {
-            tracing::warn!(%err, "cannot install the SIGHUP handler; certificates reload on file change only");
-            None
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn hangup_signal() -> Option<Hangup> {
-    None
-}
-
-/// Waits for the next SIGHUP; `false` when the stream ended. Pending forever without one.
-async fn recv(hangup: &mut Option<Hangup>) -> bool {
-    #[cfg(unix)]
-    if let Some(signal) = hangup.as_mut() {
-        return signal.recv().await.is_some();
-    }
-    let _ = hangup;
-    std::future::pending().await
 }
