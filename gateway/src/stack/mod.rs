@@ -4,7 +4,7 @@
 //! - **Before the layers**: the listener (`edge::listener`) accepts the connection, serves the
 //!   protocol TLS negotiated, inserts the peer address (`plumbing::client::PeerAddr`) and
 //!   bounds every silent phase; for HTTP/1.x the framing guard reads each head before hyper.
-//!   Its service is the reloadable one (`start::swap`): each request runs wholly on the
+//!   Its pipeline is the reloadable one (`edge::listener::Swap`): each request runs wholly on the
 //!   pipeline built from the configuration current when it starts (one atomic load).
 //! - **What travels with a request**: the observe step opens the per-request telemetry
 //!   record (`telemetry::Exchange`: trace context, attempts, bytes, the route's metrics), and

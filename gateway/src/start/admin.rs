@@ -17,7 +17,7 @@ use crate::{edge, plumbing};
 /// connection guard's refusals are answered here too.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
-    service: edge::listener::HttpService,
+    service: Arc<edge::listener::Swap>,
     options: ServeOptions,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) {

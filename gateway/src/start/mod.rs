@@ -6,7 +6,6 @@ mod admin;
 mod error;
 mod reload;
 mod stores;
-mod swap;
 
 use std::future::Future;
 use std::net::SocketAddr;

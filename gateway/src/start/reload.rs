@@ -6,7 +6,7 @@
 //! The file is parsed and validated in full first (`Config::parse`); a bad file, or a change
 //! to a field that only a restart can apply ([`RESTART_ONLY`]), is refused and nothing
 //! changes. A good one builds a new pipeline and swaps it into both listeners at once
-//! (`swap`): a request runs wholly on the old or the new configuration. What carries over:
+//! (`edge::listener::Swap`): a request runs wholly on the old or the new configuration. What carries over:
 //! the stores (rate-limit buckets and quota counters, idempotency records, the database and
 //! tenant directory), readiness state, and every upstream whose settings did not change
 //! (the same `Upstream`: pools, breaker, outlier, adaptive and latency state, and its
@@ -36,10 +36,9 @@ use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use super::stores::{tenant_seeds, Stores};
-use super::swap::Swap;
 use super::{admin, stopped, upstream_for};
 use crate::config::{Config, ConfigError, LogFormat, ProcessEnv, Secret, TenantSettings};
-use crate::edge::listener::HttpService;
+use crate::edge::listener::{HttpService, Swap};
 use crate::pipeline::deliveries::worker::{self, WorkerParts};
 use crate::pipeline::deliveries::Deliveries;
 use crate::pipeline::health::Health;
@@ -448,14 +447,14 @@ impl Reloader {
         })
     }
 
-    /// The proxy listener's service.
-    pub(crate) fn proxy_service(&self) -> HttpService {
-        self.proxy.service()
+    /// The proxy listener's pipeline.
+    pub(crate) fn proxy_service(&self) -> Arc<Swap> {
+        self.proxy.clone()
     }
 
     /// The admin listener's service.
-    pub(crate) fn admin_service(&self) -> HttpService {
-        self.admin.service()
+    pub(crate) fn admin_service(&self) -> Arc<Swap> {
+        self.admin.clone()
     }
 
     /// Stops every upstream's and the fleet's background tasks (after the drain).

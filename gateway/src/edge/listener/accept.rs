@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use super::{HttpService, Listener, ServeOptions, RECLAIM_WAIT};
+use super::swap::Current;
+use super::{Listener, ServeOptions, Swap, RECLAIM_WAIT};
 
 /// What every worker of one listener shares.
 struct Shared {
@@ -31,10 +32,10 @@ impl Shared {
     }
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves, then drains within the grace.
+/// Serves `service` (the listener's pipeline, which a reload may replace) on `listener` until `shutdown` resolves, then drains within the grace.
 pub async fn serve(
     listener: TcpListener,
-    service: HttpService,
+    service: Arc<Swap>,
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -45,7 +46,7 @@ pub async fn serve(
 /// only. A worker thread that cannot start is logged and the others serve.
 pub async fn serve_workers(
     listener: TcpListener,
-    service: HttpService,
+    service: Arc<Swap>,
     options: ServeOptions,
     workers: usize,
     shutdown: impl Future<Output = ()>,
@@ -102,7 +103,7 @@ pub async fn serve_workers(
 /// (`None` if the socket could not be handed back to this runtime) and the threads started.
 fn spawn_workers(
     listener: TcpListener,
-    service: &HttpService,
+    service: &Arc<Swap>,
     shared: &Arc<Shared>,
     workers: usize,
     drained: &watch::Receiver<bool>,
@@ -144,7 +145,7 @@ fn spawn_workers(
 fn worker(
     index: usize,
     socket: std::net::TcpListener,
-    service: HttpService,
+    service: Arc<Swap>,
     shared: Arc<Shared>,
     mut drained: watch::Receiver<bool>,
 ) {
@@ -176,7 +177,7 @@ fn worker(
 /// Accepts connections and serves each in a task of this runtime until `stop` resolves.
 async fn accept_until(
     listener: TcpListener,
-    service: HttpService,
+    service: Arc<Swap>,
     shared: Arc<Shared>,
     stop: impl Future<Output = ()>,
 ) {
@@ -199,7 +200,7 @@ async fn accept_until(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let (shared, open, pipeline) = (shared.clone(), open.clone(), service.clone());
+                let (shared, open, pipeline) = (shared.clone(), open.clone(), Current::new(&service));
                 let refused = refused.clone();
                 // The accept loop never waits: at the cap, the connection's own task waits
                 // briefly for a reclaimed slot.

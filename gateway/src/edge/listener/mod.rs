@@ -60,6 +60,7 @@ pub mod handover;
 mod service;
 mod sniff;
 mod stream;
+mod swap;
 mod watchdog;
 mod watched;
 
@@ -86,6 +87,8 @@ use self::activity::Timeouts;
 use self::service::ConnectionService;
 use self::sniff::{sniff, Protocol, Rewind};
 use self::stream::StreamExecutor;
+use self::swap::Current;
+pub use self::swap::Swap;
 use self::watched::Watched;
 use crate::config::Http2Settings;
 use crate::edge::framing::FramingGuard;
@@ -176,7 +179,7 @@ struct Listener {
 
 /// One accepted connection.
 struct Conn {
-    pipeline: HttpService,
+    pipeline: Current,
     peer: SocketAddr,
     activity: Arc<Activity>,
 }
@@ -250,14 +253,8 @@ impl Listener {
         }
     }
 
-    /// Serves one accepted connection to its end. (`pipeline` is passed along rather than
-    /// kept in `self`: a boxed service is `Send` but not `Sync`.)
-    async fn connection(
-        self: Arc<Self>,
-        pipeline: HttpService,
-        stream: TcpStream,
-        peer: SocketAddr,
-    ) {
+    /// Serves one accepted connection to its end on the listener's current pipeline.
+    async fn connection(self: Arc<Self>, pipeline: Current, stream: TcpStream, peer: SocketAddr) {
         let activity = Activity::new();
         let conn = Conn {
             pipeline,

@@ -11,12 +11,11 @@ use axum::body::Body;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use tower::util::Oneshot;
-use tower::ServiceExt;
 
 use super::activity::{Activity, Busy};
 use super::stream::SendWait;
-use super::{ClientTls, HttpService};
+use super::swap::{Current, Responding};
+use super::ClientTls;
 use crate::edge::upgrade::ConnectionHold;
 use crate::plumbing::client::PeerAddr;
 use crate::plumbing::held::{Both, HeldBody, UntilEnd};
@@ -24,7 +23,7 @@ use crate::plumbing::held::{Both, HeldBody, UntilEnd};
 /// hyper's service for one connection.
 #[derive(Clone)]
 pub(crate) struct ConnectionService {
-    pipeline: HttpService,
+    pipeline: Current,
     peer: std::net::SocketAddr,
     tls: bool,
     activity: Arc<Activity>,
@@ -40,7 +39,7 @@ pub(crate) struct ConnectionService {
 
 impl ConnectionService {
     pub(crate) fn new(
-        pipeline: HttpService,
+        pipeline: Current,
         peer: std::net::SocketAddr,
         tls: bool,
         activity: Arc<Activity>,
@@ -104,7 +103,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         // A named future rather than a boxed `async` block: the pipeline's future is boxed
         // already, a second box per request would only add an allocation and a move.
         Serving {
-            response: self.pipeline.clone().oneshot(request.map(Body::new)),
+            response: self.pipeline.call(request.map(Body::new)),
             keep_alive: self.keep_alive.clone(),
             in_flight: Some(in_flight),
             answers_upgrade,
@@ -121,7 +120,7 @@ pin_project_lite::pin_project! {
     /// that holds the request's in-flight count.
     pub(crate) struct Serving {
         #[pin]
-        response: Oneshot<HttpService, Request<Body>>,
+        response: Responding,
         keep_alive: Option<HeaderValue>,
         in_flight: Option<Busy>,
         answers_upgrade: Option<Arc<Activity>>,
