@@ -34,11 +34,13 @@ impl Step for GrpcAnswers {
 
 impl Finish for GrpcCall {
     fn finish(self, response: Response<Body>) -> Response<Body> {
-        let problem = response
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|ct| ct.as_bytes() == portcullis_problem::CONTENT_TYPE.as_bytes());
-        if self.0 && problem {
+        let problem = || {
+            response
+                .headers()
+                .get(CONTENT_TYPE)
+                .is_some_and(|ct| ct.as_bytes() == portcullis_problem::CONTENT_TYPE.as_bytes())
+        };
+        if self.0 && problem() {
             as_grpc(response)
         } else {
             response

@@ -6,13 +6,16 @@
 //! future is an `Either`, not a box).
 
 use axum::body::Body;
-use http::{header, HeaderMap, Request, Response};
+use http::{header, HeaderMap, HeaderName, Request, Response};
 
 use super::head::Refusal;
 use super::REFUSAL_HEADER;
 use crate::plumbing::client::PeerAddr;
 use crate::plumbing::step::Step;
 use portcullis_problem::Problem;
+
+/// [`REFUSAL_HEADER`] as a name, so the lookup on every request does not parse it again.
+const REFUSAL: HeaderName = HeaderName::from_static(REFUSAL_HEADER);
 
 /// Refuses requests with conflicting framing headers (a `Step`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -24,7 +27,7 @@ impl Step for Smuggling {
     type Finish = ();
 
     fn step(&self, request: &mut Request<Body>) -> Result<(), Response<Body>> {
-        let refusal = match request.headers().get(REFUSAL_HEADER) {
+        let refusal = match request.headers().get(REFUSAL) {
             // A client that sends the header itself is refused too: harmless, and it means
             // the header never travels upstream.
             Some(code) => {

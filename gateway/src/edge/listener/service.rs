@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -19,6 +19,9 @@ use super::ClientTls;
 use crate::edge::upgrade::ConnectionHold;
 use crate::plumbing::client::PeerAddr;
 use crate::plumbing::held::{Both, HeldBody, UntilEnd};
+
+/// `Keep-Alive` (not among `http`'s standard names), parsed once.
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// hyper's service for one connection.
 #[derive(Clone)]
@@ -146,7 +149,7 @@ impl Future for Serving {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             } else if !response.headers().contains_key(header::CONNECTION) {
-                response.headers_mut().insert("keep-alive", value);
+                response.headers_mut().insert(KEEP_ALIVE, value);
             }
         }
         // Only HTTP/2 streams run under a stream clock; HTTP/1 writes are the watchdog's.
