@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
@@ -98,7 +98,9 @@ impl Current {
         let service = &mut cached.1;
         // The pipeline's layers are ready at once (none holds requests back in
         // `poll_ready`); should one not be, the request waits on a clone of its own.
-        match service.poll_ready(&mut Context::from_waker(Waker::noop())) {
+        match service.poll_ready(&mut Context::from_waker(
+            futures_util::task::noop_waker_ref(),
+        )) {
             Poll::Ready(Ok(())) => service.call(request),
             Poll::Pending => Box::pin(service.clone().oneshot(request)),
         }
