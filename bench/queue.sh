@@ -16,10 +16,13 @@
 #                        bench/pgbench/queue-dedupe.sql);
 #       gw-pg-key        the gateway on PostgreSQL, a unique Idempotency-Key on every request
 #                        (the same two inserts);
+#       gw-pg-held       as gw-pg, on a database of its own, with delivery held
+#                        (`max_in_flight = 1, max_rate = 0.0001`): the database does only the
+#                        accept's insert, as under pgbench;
 #       gw-redis, gw-redis-key, gw-redis-always
 #                        the gateway on Redis with `appendfsync everysec` (without and with a
 #                        key), and on Redis with `appendfsync always` (without a key).
-#     The upstream (bench-upstream) is up, so deliveries run during the accept runs; after
+#     The upstream (bench-upstream) is up, so deliveries run during the other gateways' runs; after
 #     each gateway run the script waits (at most DRAIN_WAIT s) until that gateway delivered
 #     all it accepted, so no run pays for the previous one's deliveries. ENGINE=1 adds the
 #     engine alone (queue/examples/enqueue_load.rs, CLIENTS pool connections) as rows
@@ -283,11 +286,14 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w -
 PSQL=("$PGBIN/psql" -X -q -At -h 127.0.0.1 -p "$PG_PORT" -U postgres)
 "${PSQL[@]}" -d postgres -c "create database queue_bench" >/dev/null
 PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/queue_bench"
+"${PSQL[@]}" -d postgres -c "create database queue_held" >/dev/null
+HOLD=", max_in_flight = 1, max_rate = 0.0001"
 start_redis everysec
 start_redis always
 
 # The gateways create the engines' schemas on start-up (before pgbench needs the tables).
 start_gateway gw-pg "$PG_URL" ""
+start_gateway gw-pg-held "postgres://postgres@127.0.0.1:$PG_PORT/queue_held" "$HOLD"
 start_gateway gw-redis "${REDIS[everysec]}" ""
 start_gateway gw-redis-always "${REDIS[always]}" ""
 META=$(meta)
@@ -313,12 +319,12 @@ wrk_rate() {
 engine_rate() {
     "$LOAD" "$PG_URL" "$CLIENTS" "$DURATION" "$BODY" ${1:+dedupe} | awk -F'rate=' '/rate=/ { split($2, a, " "); printf "%.0f\n", a[1] }'
 }
-TARGETS=(pgbench gw-pg pgbench-dedupe gw-pg-key gw-redis gw-redis-key gw-redis-always)
+TARGETS=(pgbench gw-pg gw-pg-held pgbench-dedupe gw-pg-key gw-redis gw-redis-key gw-redis-always)
 [[ $ENGINE == 1 ]] && TARGETS+=(pg-engine pg-engine-key)
 # One second of each gateway target first (connections, schema, caches).
-for t in gw-pg gw-redis gw-redis-always; do
+for t in gw-pg gw-pg-held gw-redis gw-redis-always; do
     DURATION=1 wrk_rate "$t" 0 >/dev/null
-    wait_delivered "$t" >/dev/null
+    [[ $t == *-held ]] || wait_delivered "$t" >/dev/null
 done
 for ((r = 1; r <= ROUNDS; r++)); do
     order=("${TARGETS[@]}")
@@ -341,7 +347,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 read -r other errors < <(sed 's/.*other=\([0-9]*\) errors=\([0-9]*\).*/\1 \2/' <<<"$out")
                 BAD[$t]=$((${BAD[$t]:-0} + other + errors))
                 ((other + errors > 0)) && log "round $r $t: $other answers other than 202, $errors socket errors"
-                DRAIN[$t,$r]=$(wait_delivered "$gw")
+                [[ $t == *-held ]] || DRAIN[$t,$r]=$(wait_delivered "$gw")
                 ;;
         esac
         R[$t,$r]=${v:-0}
@@ -357,7 +363,7 @@ done
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 anchor_of() {
     case $1 in
-        gw-pg | pg-engine) echo pgbench ;;
+        gw-pg | gw-pg-held | pg-engine) echo pgbench ;;
         gw-pg-key | pg-engine-key) echo pgbench-dedupe ;;
         *) echo "" ;;
     esac
