@@ -206,6 +206,8 @@ wait_delivered() {
     echo "-"
 }
 rss_kib() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+# The anonymous part of VmRSS (heap, stacks; not the binary's pages or shared memory).
+anon_kib() { awk '/^RssAnon/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 hwm_kib() { awk '/^VmHWM/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 meta() {
     echo "mode=$MODE date=$(date -u +%Y-%m-%dT%H:%MZ) commit=$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet HEAD -- gateway queue bench || echo +dirty) nproc=$(nproc) loadavg=$(cut -d' ' -f1-3 /proc/loadavg) redis=$(redis-server --version | awk '{print $3}')${PGBIN:+ postgres=$("$PGBIN/postgres" --version | awk '{print $3}')}"
@@ -219,11 +221,11 @@ if [[ $MODE == backlog ]]; then
     start_gateway backlog "$queue" "$HOLD"
     pid=${GW_PID[backlog]}
     samples=$TMP/samples.tsv
-    # t (s since start), VmRSS (KiB), distinct delivery ids the upstream received.
+    # t (s since start), VmRSS (KiB), distinct delivery ids the upstream received, RssAnon.
     (
         for ((i = 0; i < (FILL_TIMEOUT + DRAIN_TIMEOUT) / SAMPLE + 10; i++)); do
             kill -0 "$pid" 2>/dev/null || exit 0
-            printf '%s\t%s\t%s\n' "$SECONDS" "$(rss_kib "$pid")" "$(upstream_stat delivery_ids)" >>"$samples"
+            printf '%s\t%s\t%s\t%s\n' "$SECONDS" "$(rss_kib "$pid")" "$(upstream_stat delivery_ids)" "$(anon_kib "$pid")" >>"$samples"
             sleep "$SAMPLE"
         done
     ) &
@@ -235,7 +237,7 @@ if [[ $MODE == backlog ]]; then
         --status 202 --timeout 30 >"$TMP/fill.txt"
     fill_secs=$((SECONDS - fill_start))
     ((fill_secs > 0)) || fill_secs=1
-    filled_rss=$(rss_kib "$pid")
+    filled_rss=$(rss_kib "$pid") filled_anon=$(anon_kib "$pid")
     early=$(upstream_stat delivery_ids)
     log "filled in ${fill_secs}s ($(cat "$TMP/fill.txt")); delivered while held: $early; RSS ${filled_rss} KiB"
     write_config backlog "$queue" ", max_in_flight = $DRAIN_IN_FLIGHT"
@@ -254,23 +256,25 @@ if [[ $MODE == backlog ]]; then
     repeats=$(upstream_stat delivery_repeats)
     hits=$(upstream_stat hits)
     hwm=$(hwm_kib "$pid")
-    end_rss=$(rss_kib "$pid")
+    end_rss=$(rss_kib "$pid") end_anon=$(anon_kib "$pid")
     echo
     meta
     echo "engine=$BACKLOG_QUEUE backlog=$BACKLOG body=$BODY fill_conns=$FILL_CONNS drain_in_flight=$DRAIN_IN_FLIGHT sample=${SAMPLE}s"
     echo "fill: ${fill_secs}s, $((BACKLOG / fill_secs))/s; delivered while held: $early"
     echo "drain: ${drain_secs}s after the reload, $(((drained - early) / drain_secs))/s; upstream: $drained distinct delivery ids of $BACKLOG, $repeats repeats, $hits hits"
     # RSS at the first sample at or past each share drained (after the reload).
-    awk -F'\t' -v from="$reload_at" -v n="$BACKLOG" -v filled="$filled_rss" -v hwm="$hwm" -v end="$end_rss" '
+    awk -F'\t' -v from="$reload_at" -v n="$BACKLOG" -v filled="$filled_rss" -v hwm="$hwm" -v end="$end_rss" \
+        -v fa="$filled_anon" -v ea="$end_anon" '
         BEGIN { split("10 50 90 100", p, " ") }
         $1 >= from && $3 != "" {
             for (i = 1; i <= 4; i++) if (!(i in at) && $3 >= n * p[i] / 100) at[i] = $2
         }
-        { if ($2 > peak) peak = $2 }
+        { if ($2 > peak) peak = $2; if (NR == 1) first = $4 }
         END {
             printf "RSS MiB: 0%% %.1f", filled / 1024
             for (i = 1; i <= 4; i++) printf " | %s%% %s", p[i], (i in at) ? sprintf("%.1f", at[i] / 1024) : "-"
             printf " | end %.1f | peak sampled %.1f | VmHWM %.1f\n", end / 1024, peak / 1024, hwm / 1024
+            printf "RssAnon MiB: first sample %.1f | filled %.1f | end %.1f\n", first / 1024, fa / 1024, ea / 1024
         }' "$samples"
     exit 0
 fi
