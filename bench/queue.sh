@@ -26,7 +26,9 @@
 #     each gateway run the script waits (at most DRAIN_WAIT s) until that gateway delivered
 #     all it accepted, so no run pays for the previous one's deliveries. ENGINE=1 adds the
 #     engine alone (queue/examples/enqueue_load.rs, CLIENTS pool connections) as rows
-#     pg-engine and pg-engine-key.
+#     pg-engine and pg-engine-key. Beside each rate: the CPU time PostgreSQL's processes and the
+#     gateway spent during the run, per message (from /proc; the gateway's includes the
+#     deliveries it made meanwhile).
 #
 #   bench/queue.sh backlog [--no-build]
 #     RSS while a backlog drains: a gateway on the embedded default engine (SQLite, no
@@ -302,14 +304,30 @@ start_gateway gw-redis "${REDIS[everysec]}" ""
 start_gateway gw-redis-always "${REDIS[always]}" ""
 META=$(meta)
 
+# pgbench_rate SCRIPT: prints "transactions/s transactions".
 pgbench_rate() {
     timeout $((DURATION + 30)) "$PGBIN/pgbench" -n -M prepared -D body="$BODY" -h 127.0.0.1 -p "$PG_PORT" \
         -U postgres -c "$CLIENTS" -j 2 -T "$DURATION" -f "$ROOT/bench/pgbench/$1" queue_bench 2>&1 \
-        | awk '/^tps = / { printf "%.0f\n", $3 }'
+        | awk '/^tps = / { tps = $3 } /actually processed/ { split($NF, a, "/"); n = a[1] }
+               END { printf "%.0f %d\n", tps, n }'
 }
+# CPU time in clock ticks of PostgreSQL's processes (the live ones, and what the postmaster
+# reaped: the backends of pgbench's connections exit with it), and of one process.
+pg_ticks() {
+    local t=0 f a
+    for f in /proc/[0-9]*/stat; do
+        read -r -a a <"$f" 2>/dev/null || continue
+        [[ ${a[1]} == "(postgres)" ]] && t=$((t + a[13] + a[14] + a[15] + a[16]))
+    done
+    echo "$t"
+}
+pid_ticks() { local a; read -r -a a <"/proc/$1/stat" 2>/dev/null && echo $((a[13] + a[14])) || echo 0; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+# per_message TICKS N: microseconds of CPU per message.
+per_message() { echo $(($1 * TICK_US / ($2 > 0 ? $2 : 1))); }
 RUN=0
 # wrk_rate GATEWAY KEYED: prints the 202s per second; other statuses go to BAD[target].
-declare -A R BAD DRAIN
+declare -A R BAD DRAIN CPU_PG CPU_GW
 wrk_rate() {
     local name=$1 keyed=$2 file out
     RUN=$((RUN + 1))
@@ -338,16 +356,27 @@ for ((r = 1; r <= ROUNDS; r++)); do
     fi
     for t in "${order[@]}"; do
         case $t in
-            pgbench) v=$(pgbench_rate queue.sql) ;;
-            pgbench-dedupe) v=$(pgbench_rate queue-dedupe.sql) ;;
+            pgbench | pgbench-dedupe)
+                script=queue.sql
+                [[ $t == pgbench-dedupe ]] && script=queue-dedupe.sql
+                p0=$(pg_ticks)
+                read -r v n < <(pgbench_rate "$script")
+                sleep 0.3 # the postmaster reaps the backends
+                CPU_PG[$t,$r]=$(per_message $(($(pg_ticks) - p0)) "$n")
+                ;;
             pg-engine) v=$(engine_rate "") ;;
             pg-engine-key) v=$(engine_rate dedupe) ;;
             gw-*)
                 gw=${t%-key}
                 keyed=0
                 [[ $t == *-key ]] && keyed=1
+                p0=$(pg_ticks) g0=$(pid_ticks "${GW_PID[$gw]}")
                 out=$(wrk_rate "$gw" "$keyed")
+                p1=$(pg_ticks) g1=$(pid_ticks "${GW_PID[$gw]}")
                 v=$(sed 's/.*rate=//' <<<"$out")
+                n=$(sed 's/^accepted=\([0-9]*\).*/\1/' <<<"$out")
+                CPU_GW[$t,$r]=$(per_message $((g1 - g0)) "$n")
+                [[ $gw == gw-pg* ]] && CPU_PG[$t,$r]=$(per_message $((p1 - p0)) "$n")
                 read -r other errors < <(sed 's/.*other=\([0-9]*\) errors=\([0-9]*\).*/\1 \2/' <<<"$out")
                 BAD[$t]=$((${BAD[$t]:-0} + other + errors))
                 ((other + errors > 0)) && log "round $r $t: $other answers other than 202, $errors socket errors"
@@ -364,6 +393,16 @@ for g in gw-pg gw-redis gw-redis-always; do
     delivered=$((delivered + $(gw_counter "$g" deliveries_succeeded_total)))
 done
 
+# cpu_median ARRAY TARGET: the median over rounds of ARRAY[TARGET,round], or – without one.
+cpu_median() {
+    local r
+    case $1 in
+        CPU_PG) [[ -n ${CPU_PG[$2,1]:-} ]] || { echo "–"; return; }
+            for ((r = 1; r <= ROUNDS; r++)); do echo "${CPU_PG[$2,$r]}"; done | median ;;
+        CPU_GW) [[ -n ${CPU_GW[$2,1]:-} ]] || { echo "–"; return; }
+            for ((r = 1; r <= ROUNDS; r++)); do echo "${CPU_GW[$2,$r]}"; done | median ;;
+    esac
+}
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 anchor_of() {
     case $1 in
@@ -378,8 +417,8 @@ echo "clients=$CLIENTS body=$BODY duration=${DURATION}s rounds=$ROUNDS; gateways
 echo
 header="| target |"; sep="|---|"
 for ((r = 1; r <= ROUNDS; r++)); do header+=" round $r |"; sep+="---|"; done
-echo "$header median /s | × anchor (median of same-round ratios) | non-202 + errors |"
-echo "$sep---|---|---|"
+echo "$header median /s | × anchor (median of same-round ratios) | CPU µs per message, PostgreSQL / gateway (medians) | non-202 + errors |"
+echo "$sep---|---|---|---|"
 for t in "${TARGETS[@]}"; do
     row="| $t |"
     for ((r = 1; r <= ROUNDS; r++)); do row+=" ${R[$t,$r]} |"; done
@@ -391,5 +430,6 @@ for t in "${TARGETS[@]}"; do
             awk -v a="${R[$t,$r]}" -v b="${R[$anchor,$r]}" 'BEGIN { if (b > 0) printf "%.2f\n", a / b; else print 0 }'
         done | median) × $anchor"
     fi
-    echo "$row $med | $ratio | ${BAD[$t]:-–} |"
+    cpu="$(cpu_median CPU_PG "$t") / $(cpu_median CPU_GW "$t")"
+    echo "$row $med | $ratio | $cpu | ${BAD[$t]:-–} |"
 done
