@@ -325,14 +325,14 @@ pid_ticks() { local a; read -r -a a <"/proc/$1/stat" 2>/dev/null && echo $((a[13
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 # per_message TICKS N: microseconds of CPU per message.
 per_message() { echo $(($1 * TICK_US / ($2 > 0 ? $2 : 1))); }
-RUN=0
-# wrk_rate GATEWAY KEYED: prints the 202s per second; other statuses go to BAD[target].
+# wrk_rate GATEWAY KEYED RUN: prints wrk's line (accepted=…, rate=…); RUN, unique in the
+# script's run, names the output and prefixes the keys (none repeats, so no request is a
+# duplicate).
 declare -A R BAD DRAIN CPU_PG CPU_GW
 wrk_rate() {
-    local name=$1 keyed=$2 file out
-    RUN=$((RUN + 1))
-    file=$TMP/wrk-$RUN.txt
-    BENCH_BODY=$BODY BENCH_KEY_PREFIX=$([[ $keyed == 1 ]] && echo "q$$-$RUN") \
+    local name=$1 keyed=$2 run=$3 file out
+    file=$TMP/wrk-$run.txt
+    BENCH_BODY=$BODY BENCH_KEY_PREFIX=$([[ $keyed == 1 ]] && echo "q$$-$run") \
         timeout $((DURATION + 20)) wrk -t1 -c"$CLIENTS" -d"${DURATION}s" --timeout 5s \
         -s "$ROOT/bench/wrk/accept.lua" "http://127.0.0.1:${GW_PORT[$name]}/hooks/in" >"$file" 2>&1 || true
     out=$(grep '^accepted=' "$file" || echo "accepted=0 other=0 errors=0 rate=0")
@@ -345,7 +345,7 @@ TARGETS=(pgbench gw-pg gw-pg-held pgbench-dedupe gw-pg-key gw-redis gw-redis-key
 [[ $ENGINE == 1 ]] && TARGETS+=(pg-engine pg-engine-key)
 # One second of each gateway target first (connections, schema, caches).
 for t in gw-pg gw-pg-held gw-redis gw-redis-always; do
-    DURATION=1 wrk_rate "$t" 0 >/dev/null
+    DURATION=1 wrk_rate "$t" 0 "warm-$t" >/dev/null
     [[ $t == *-held ]] || wait_delivered "$t" >/dev/null
 done
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -371,7 +371,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 keyed=0
                 [[ $t == *-key ]] && keyed=1
                 p0=$(pg_ticks) g0=$(pid_ticks "${GW_PID[$gw]}")
-                out=$(wrk_rate "$gw" "$keyed")
+                out=$(wrk_rate "$gw" "$keyed" "$r-$t")
                 p1=$(pg_ticks) g1=$(pid_ticks "${GW_PID[$gw]}")
                 v=$(sed 's/.*rate=//' <<<"$out")
                 n=$(sed 's/^accepted=\([0-9]*\).*/\1/' <<<"$out")

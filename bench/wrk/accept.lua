@@ -1,9 +1,9 @@
 -- POSTs for the asynchronous routes (bench/queue.sh): a JSON body of BENCH_BODY bytes
 -- (default 512) and, with BENCH_KEY_PREFIX set, a unique `Idempotency-Key` per request (the
--- default dedupe source of an asynchronous route). Counts the answers by status: only 202s
--- are accepted messages. done() prints one line: `accepted=N other=M errors=E rate=R`
--- (M: answers with any other status; E: wrk's socket errors and timeouts; R: 202s per
--- second of the run).
+-- default dedupe source of an asynchronous route). Counts the answers: only 202s without
+-- `Portcullis-Duplicate` are accepted messages. done() prints one line:
+-- `accepted=N other=M errors=E rate=R` (M: any other answer, duplicates included; E: wrk's
+-- socket errors and timeouts; R: accepted messages per second of the run).
 
 local size = tonumber(os.getenv("BENCH_BODY") or "512") or 512
 local prefix = os.getenv("BENCH_KEY_PREFIX") or ""
@@ -36,7 +36,9 @@ if prefix ~= "" then
 end
 
 function response(status, headers, body)
-   if status == 202 then
+   -- A duplicate (a key seen before) is a 202 too, but stores nothing.
+   local duplicate = headers["portcullis-duplicate"] or headers["Portcullis-Duplicate"]
+   if status == 202 and not duplicate then
       accepted = accepted + 1
    else
       other = other + 1
