@@ -10,7 +10,8 @@ Subcommands:
   openloop --url U --control C ...    -> constant-rate (open-loop) client for the retry
                                          amplification scenario; prints one JSON line
   fixed --port P --count N ...        -> exactly N requests over keep-alive connections
-                                         (bench/callgrind.sh); prints "sent ok other"
+                                         (bench/callgrind.sh, bench/queue.sh backlog);
+                                         prints "sent ok other"
   summarize OUTDIR                    -> the markdown report of a run
 """
 
@@ -643,6 +644,13 @@ async def _fixed(args):
     counts = Counter()
     next_seq = iter(range(args.count))
     auth = f"Authorization: Bearer {args.auth}\r\n" if args.auth else ""
+    body = FIXED_BODY
+    if args.body is not None:
+        head, tail = b'{"event":"bench","data":"', b'"}'
+        body = head + b"x" * max(0, args.body - len(head) - len(tail)) + tail
+
+    def ok(status):
+        return status == args.status if args.status else 200 <= status < 300
 
     def request(seq):
         if args.method == "GET":
@@ -650,8 +658,8 @@ async def _fixed(args):
         key = f"Idempotency-Key: {args.key_prefix}-{seq}\r\n" if args.key_prefix else ""
         return (
             f"POST {args.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{key}"
-            f"Content-Type: application/json\r\nContent-Length: {len(FIXED_BODY)}\r\n\r\n"
-        ).encode() + FIXED_BODY
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
 
     async def conn():
         reader, writer = await asyncio.open_connection("127.0.0.1", args.port)
@@ -659,14 +667,14 @@ async def _fixed(args):
             for seq in next_seq:
                 writer.write(request(seq))
                 status = await asyncio.wait_for(_read_response(reader), args.timeout)
-                counts["ok" if 200 <= status < 300 else "other"] += 1
+                counts["ok" if ok(status) else "other"] += 1
         finally:
             writer.close()
 
     await asyncio.gather(*(conn() for _ in range(args.conns)))
     print(f"{args.count}\t{counts['ok']}\t{counts['other']}")
     if counts["ok"] != args.count:
-        sys.exit(f"fixed: {counts['other']} of {args.count} answers were not 2xx")
+        sys.exit(f"fixed: {counts['other']} of {args.count} answers were not {args.status or '2xx'}")
 
 
 
@@ -729,6 +737,9 @@ def main():
         ap.add_argument("--auth", default="", help="bearer token")
         ap.add_argument("--key-prefix", default="", help="send Idempotency-Key: PREFIX-SEQ")
         ap.add_argument("--timeout", type=float, default=60)
+        ap.add_argument("--body", type=int, default=None,
+                        help="POST a JSON body of this many bytes instead of the fixed 62")
+        ap.add_argument("--status", type=int, default=0, help="count only this status as ok")
         a = ap.parse_args(args)
         if not (0 < a.count <= 1_000_000 and 0 < a.conns <= 256):
             sys.exit("fixed: count must be in 1..=10^6 and conns in 1..=256")

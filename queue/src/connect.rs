@@ -13,7 +13,8 @@ pub struct ConnectOptions {
     /// Bound on one queue call, connection wait included (default 2 s; a SQLite commit
     /// with `synchronous = FULL` waits for the disk, so this is not tight).
     pub timeout: Duration,
-    /// Connections of the SQL engines' pools (default 8; SQLite serializes writers anyway).
+    /// Connections of the SQL engines' pools (default 8): PostgreSQL's for everything,
+    /// SQLite's for reads (it writes through one connection).
     pub pool_size: u32,
 }
 

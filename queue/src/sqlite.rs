@@ -113,13 +113,17 @@ impl SqliteQueue {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(options.timeout);
+        // No liveness ping before every statement (sqlx's default): on the one writer it is a
+        // round trip to the connection's thread inside the serialized section.
         let writer = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(1)
             .acquire_timeout(options.timeout)
             .connect_with(connect.clone())
             .await?;
         sqlx::raw_sql(SCHEMA).execute(&writer).await?;
         let reader = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(options.pool_size.max(1))
             .acquire_timeout(options.timeout)
             .connect_with(connect)

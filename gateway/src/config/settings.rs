@@ -167,7 +167,8 @@ pub struct StorageSettings {
     pub memory_shares: std::collections::BTreeMap<String, u64>,
     /// State-store round-trip timeout.
     pub state_timeout: Duration,
-    /// Connections of the PostgreSQL idempotency store (`None`: derived from the cores).
+    /// Connections of the PostgreSQL idempotency store, and of a PostgreSQL queue (a pool
+    /// each; `None`: derived from the cores).
     pub postgres_pool_size: Option<u32>,
     /// Messages of asynchronous routes.
     pub queue: super::backend::QueueBackend,

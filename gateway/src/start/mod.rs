@@ -16,11 +16,12 @@ pub use reload::ConfigSource;
 pub(crate) use stores::tenant_seeds;
 use stores::Stores;
 
-use crate::config::{Config, IdempotencyBackend, StateBackend, UpstreamSettings};
+use crate::config::{Config, IdempotencyBackend, QueueBackend, StateBackend, UpstreamSettings};
 use crate::edge::listener::ServeOptions;
 use crate::pipeline::health::Health;
 use crate::upstream::proxy::Upstream;
 use crate::{banner, edge, pipeline, plumbing, stack, telemetry, tls, upstream};
+use portcullis_idempotency::store::postgres::default_pool_size;
 use portcullis_redis::{ConnectOptions, RedisClient};
 use portcullis_retry::UpstreamState;
 
@@ -196,7 +197,17 @@ async fn open_queue(
     if !config.routes.iter().any(|r| r.delivery.is_some()) {
         return Ok(None);
     }
-    let options = portcullis_queue::ConnectOptions::default();
+    // A PostgreSQL queue gets as many connections as the idempotency store
+    // (`storage.postgres_pool_size`): with fewer than the requests in flight, an enqueue
+    // waits for a connection rather than for the database.
+    let mut options = portcullis_queue::ConnectOptions::default();
+    if matches!(config.storage.queue, QueueBackend::Postgres(_)) {
+        let size = config
+            .storage
+            .postgres_pool_size
+            .map_or_else(default_pool_size, |n| n as usize);
+        options.pool_size = u32::try_from(size).unwrap_or(u32::MAX);
+    }
     let queue = portcullis_queue::connect(config.storage.queue_url.expose(), &options)
         .await
         .map_err(|source| StartError::Queue {

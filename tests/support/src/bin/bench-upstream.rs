@@ -26,13 +26,18 @@
 //!   `{"hits":…,"ok":…,"fail":…,"post":…,"failing":false,"attempts":[a1,…,a6,other]}` where
 //!   `attempts[i]` counts hits whose `X-Retry-Attempt` header was `i+1` (the last slot counts
 //!   hits without the header or with another value).
+//!   `delivery_ids` counts the distinct `Portcullis-Delivery-Id` values received (a
+//!   gateway's asynchronous deliveries, told apart by their last 32 hex digits) and
+//!   `delivery_repeats` the hits that repeated one,
+//!   so a backlog drain (`bench/queue.sh backlog`) can check each message arrived once.
 //!
 //! Stops on SIGINT/SIGTERM (the harness kills it by PID).
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -54,6 +59,9 @@ struct Counters {
     post: AtomicU64,
     attempts: [AtomicU64; ATTEMPT_SLOTS],
     failing: AtomicBool,
+    /// Distinct delivery ids (32 hex digits each, kept as their 128-bit value).
+    delivery_ids: Mutex<HashSet<u128>>,
+    delivery_repeats: AtomicU64,
 }
 
 impl Counters {
@@ -64,6 +72,27 @@ impl Counters {
         {
             c.store(0, Ordering::Relaxed);
         }
+        self.delivery_repeats.store(0, Ordering::Relaxed);
+        if let Ok(mut ids) = self.delivery_ids.lock() {
+            ids.clear();
+        }
+    }
+
+    /// Records a delivery id by its last 32 hex digits (the random part; an engine may put a
+    /// prefix before it); a value without them counts as a repeat.
+    fn delivery(&self, id: &[u8]) {
+        let value = id
+            .len()
+            .checked_sub(32)
+            .and_then(|start| std::str::from_utf8(&id[start..]).ok())
+            .and_then(|hex| u128::from_str_radix(hex, 16).ok());
+        let fresh = match (value, self.delivery_ids.lock()) {
+            (Some(value), Ok(mut ids)) => ids.insert(value),
+            _ => false,
+        };
+        if !fresh {
+            self.delivery_repeats.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn json(&self) -> String {
@@ -72,14 +101,17 @@ impl Counters {
             .iter()
             .map(|a| a.load(Ordering::Relaxed).to_string())
             .collect();
+        let ids = self.delivery_ids.lock().map_or(0, |ids| ids.len());
         format!(
-            "{{\"hits\":{},\"ok\":{},\"fail\":{},\"post\":{},\"failing\":{},\"attempts\":[{}]}}\n",
+            "{{\"hits\":{},\"ok\":{},\"fail\":{},\"post\":{},\"failing\":{},\"attempts\":[{}],\"delivery_ids\":{},\"delivery_repeats\":{}}}\n",
             self.hits.load(Ordering::Relaxed),
             self.ok.load(Ordering::Relaxed),
             self.fail.load(Ordering::Relaxed),
             self.post.load(Ordering::Relaxed),
             self.failing.load(Ordering::Relaxed),
-            attempts.join(",")
+            attempts.join(","),
+            ids,
+            self.delivery_repeats.load(Ordering::Relaxed)
         )
     }
 }
@@ -178,6 +210,9 @@ async fn handle(
         .filter(|n| (1..ATTEMPT_SLOTS).contains(n))
         .map_or(ATTEMPT_SLOTS - 1, |n| n - 1);
     counters.attempts[slot].fetch_add(1, Ordering::Relaxed);
+    if let Some(id) = request.headers().get("portcullis-delivery-id") {
+        counters.delivery(id.as_bytes());
+    }
 
     let is_post = request.method() == Method::POST;
     // Read the body in every mode so the connection stays reusable.
