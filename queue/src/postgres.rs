@@ -134,8 +134,10 @@ impl PostgresQueue {
         sqlx::query(SCHEMA_LOCK).execute(&mut *tx).await?;
         sqlx::raw_sql(SCHEMA).execute(&mut *tx).await?;
         tx.commit().await?;
-        // Half the pool at most for inserts, so leases and outcomes always find a connection.
-        let inserts = (options.pool_size as usize / 2).clamp(1, 8);
+        // Two insert statements at once: one commits while the next batch gathers (more
+        // would split the same arrivals into smaller batches, and take connections that
+        // leases and outcomes need).
+        let inserts = 2;
         Ok(Self {
             batch: Batcher::start(pool.clone(), inserts),
             pool,

@@ -4,8 +4,9 @@
 //! on a database shared with other work that, not the gateway, is the ceiling of an
 //! asynchronous route. Here every such enqueue goes to one collector, which takes what has
 //! arrived (at most [`MAX_ROWS`] messages or [`MAX_BYTES`] of bodies) and inserts it as
-//! one statement, `INSERT … SELECT … FROM unnest(…)`, on a connection of its own; while
-//! [`Batcher::in_flight`] statements run, new arrivals wait and so form the next batch.
+//! one statement, `INSERT … SELECT … FROM unnest(…)`; while the engine's insert statements
+//! are all running (two: one commits while the next gathers), new arrivals wait and so form
+//! the next batch. Measured in BENCHMARKS.md ("Delivery queue").
 //! Nothing is held back on purpose: a lone message is inserted at once, in a batch of one.
 //!
 //! Each caller is answered only after its batch committed (so a 202 still means stored), and
