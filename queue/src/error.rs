@@ -38,9 +38,9 @@ pub enum QueueError {
     /// The engine did not answer in time.
     #[error("queue engine timed out after {0:?}")]
     Timeout(Duration),
-    /// A SQLite or PostgreSQL error.
+    /// A SQLite or PostgreSQL error (shared by the calls of one batched statement).
     #[error("queue database: {0}")]
-    Sql(#[from] sqlx::Error),
+    Sql(#[source] std::sync::Arc<sqlx::Error>),
     /// A Redis error.
     #[error("queue redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -80,6 +80,12 @@ pub enum QueueError {
 
 // === impl QueueError ===
 
+impl From<sqlx::Error> for QueueError {
+    fn from(err: sqlx::Error) -> Self {
+        Self::Sql(std::sync::Arc::new(err))
+    }
+}
+
 impl QueueError {
     /// True when retrying later may succeed (network, timeout, overload, failover).
     pub fn is_transient(&self) -> bool {
@@ -102,7 +108,7 @@ impl QueueError {
                             | redis::ErrorKind::ClusterConnectionNotFound
                     )
             }
-            Self::Sql(e) => match e {
+            Self::Sql(e) => match &**e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut
                 | sqlx::Error::PoolClosed
@@ -172,7 +178,7 @@ mod tests {
         .is_fenced());
         assert!(!QueueError::NotFound(id.clone()).is_transient());
         assert!(QueueError::NotFound(id).is_not_found());
-        assert!(QueueError::Sql(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(QueueError::from(sqlx::Error::PoolTimedOut).is_transient());
         assert_eq!(QueueError::Corrupt("x".into()).kind(), "corrupt");
     }
 }

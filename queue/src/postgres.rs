@@ -7,7 +7,9 @@
 //!   rows that no concurrent leaser holds, and the same statement's `UPDATE` stamps the
 //!   lease; a lease moves `due_at` to the lease's end, so an expired lease is simply due
 //!   again and the lease query needs one index, `(queue, state, due_at)`.
-//! - **Enqueue** is one statement too: a dedupe insert (`ON CONFLICT … DO UPDATE … WHERE`
+//! - **Enqueue without a dedupe key** is batched with the others waiting at that moment
+//!   into one multi-row insert and commit ([`batch`]).
+//! - **Enqueue with a dedupe key** is one statement too: a dedupe insert (`ON CONFLICT … DO UPDATE … WHERE`
 //!   the old record expired) chained to the message insert in a data-modifying CTE, so the
 //!   check and the insert commit together; only a duplicate whose first copy committed
 //!   after this statement's snapshot needs a second look-up.
@@ -56,6 +58,10 @@ macro_rules! append_attempt {
     };
 }
 
+mod batch;
+
+use self::batch::{Batcher, Row};
+
 /// Serializes schema creation between replicas (any constant; `hashtext` of the name).
 const SCHEMA_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('portcullis-queue-schema'))";
 
@@ -102,6 +108,7 @@ CREATE INDEX IF NOT EXISTS queue_dedupe_expiry ON queue_dedupe (expires_at);
 pub struct PostgresQueue {
     pool: PgPool,
     timeout: Duration,
+    batch: Batcher,
 }
 
 // === impl PostgresQueue ===
@@ -130,7 +137,12 @@ impl PostgresQueue {
         sqlx::query(SCHEMA_LOCK).execute(&mut *tx).await?;
         sqlx::raw_sql(SCHEMA).execute(&mut *tx).await?;
         tx.commit().await?;
+        // Two insert statements at once: one commits while the next batch gathers (more
+        // would split the same arrivals into smaller batches, and take connections that
+        // leases and outcomes need).
+        let inserts = 2;
         Ok(Self {
+            batch: Batcher::start(pool.clone(), inserts),
             pool,
             timeout: options.timeout,
         })
@@ -149,27 +161,18 @@ impl PostgresQueue {
         let id = DeliveryId::random();
         let headers = encode_headers(&m.headers);
         let Some(d) = &m.dedupe else {
-            sqlx::query(concat!(
-                "INSERT INTO queue_messages (id, queue, tenant, state, method, path, headers, \
-                 body, enqueued_at, due_at, updated_at) \
-                 VALUES ($1, $2, $3, 0, $4, $5, $6, $7, ",
-                now!(),
-                ", ",
-                now!(),
-                " + $8, ",
-                now!(),
-                ")"
-            ))
-            .bind(id.as_str())
-            .bind(&m.queue)
-            .bind(&m.tenant)
-            .bind(&m.method)
-            .bind(&m.path_and_query)
-            .bind(headers)
-            .bind(m.body.as_ref())
-            .bind(millis(m.delay))
-            .execute(&self.pool)
-            .await?;
+            self.batch
+                .insert(Row {
+                    id: id.as_str().to_owned(),
+                    queue: m.queue,
+                    tenant: m.tenant,
+                    method: m.method,
+                    path: m.path_and_query,
+                    headers,
+                    body: m.body,
+                    delay_ms: millis(m.delay),
+                })
+                .await?;
             return Ok(Enqueued::New(id));
         };
         let tenant = m.tenant.as_deref().unwrap_or_default();

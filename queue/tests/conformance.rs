@@ -265,6 +265,40 @@ async fn enqueue_then_get_round_trips(b: &Backend) {
     assert_eq!(b.queue.get(&unknown).await.unwrap(), None);
 }
 
+async fn concurrent_enqueues_each_keep_their_own_message(b: &Backend) {
+    // Enqueues that arrive together may share a statement (PostgreSQL batches them): each
+    // caller must still get the id of its own message, with its own tenant, body and delay.
+    let q = b.q("together");
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let queue = b.queue.clone();
+            let mut m = message(&q, (i % 2 == 0).then_some("even"), &format!("m{i}"));
+            if i % 10 == 0 {
+                m.delay = Duration::from_secs(3600);
+            }
+            tokio::spawn(async move { (i, queue.enqueue(m).await.unwrap()) })
+        })
+        .collect();
+    let mut due = std::collections::HashSet::new();
+    let mut ids = std::collections::HashSet::new();
+    for task in tasks {
+        let (i, enqueued) = task.await.unwrap();
+        let Enqueued::New(id) = enqueued else {
+            panic!("expected New, got {enqueued:?}");
+        };
+        let got = b.queue.get(&id).await.unwrap().expect("stored");
+        assert_eq!(got.body, Bytes::from(format!("m{i}")), "message {i}");
+        assert_eq!(got.tenant.as_deref(), (i % 2 == 0).then_some("even"));
+        assert!(ids.insert(id.clone()), "each message its own id");
+        if i % 10 != 0 {
+            due.insert(id);
+        }
+    }
+    let leased = b.queue.lease(&q, 500, LONG).await.unwrap();
+    let leased: std::collections::HashSet<_> = leased.into_iter().map(|l| l.id).collect();
+    assert_eq!(leased, due, "exactly the messages without a delay are due");
+}
+
 async fn dedupe_returns_the_first_id(b: &Backend) {
     let q = b.q("dd");
     let window = Duration::from_secs(3600);
@@ -939,6 +973,7 @@ macro_rules! conformance {
 
 conformance!(
     enqueue_then_get_round_trips,
+    concurrent_enqueues_each_keep_their_own_message,
     dedupe_returns_the_first_id,
     concurrent_duplicates_one_winner,
     dedupe_outlives_delivery_and_purge,

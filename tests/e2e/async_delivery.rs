@@ -227,6 +227,42 @@ async fn a_duplicate_gets_the_original_202_and_the_upstream_sees_one_request() {
 }
 
 #[tokio::test]
+async fn a_paced_route_delivers_each_message_once_even_when_its_turn_outlasts_a_lease() {
+    // 4 s between starts; a lease lasts the route's 2 s deadline plus a margin. Three
+    // messages accepted together: the third starts 8 s after the first, well past any lease
+    // taken when the first started, so had it been leased then it would be due again and
+    // delivered twice.
+    let upstream = ScriptedUpstream::start_with_fallback(vec![], Step::ok("done")).await;
+    let gateway = GatewayProcess::start(
+        BIN,
+        &config(&upstream, ", max_rate = 0.25, max_in_flight = 4", ""),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for body in ["one", "two", "three"] {
+        ids.push(accept(&gateway, &[], body).await.0);
+    }
+    for _ in 0..300 {
+        if upstream.hit_count() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One more spacing: a message leased twice would arrive again by then.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let delivered: Vec<String> = upstream
+        .hits()
+        .iter()
+        .map(|h| header(h, "portcullis-delivery-id").to_owned())
+        .collect();
+    let mut sorted = delivered.clone();
+    sorted.sort();
+    ids.sort();
+    assert_eq!(sorted, ids, "each message once: {delivered:?}");
+    drop(gateway);
+}
+
+#[tokio::test]
 async fn a_failing_upstream_is_retried_on_the_schedule_with_one_idempotency_key() {
     let upstream = ScriptedUpstream::start_with_fallback(
         vec![Step::status(503), Step::status(500), Step::status(502)],

@@ -6,6 +6,8 @@
 //!
 //! - Pace: at most `delivery.max_in_flight` deliveries at once, and with `delivery.max_rate`
 //!   starts spaced `1 / max_rate` apart, so a backlog never floods a recovering upstream.
+//!   A paced worker leases one message at a time, when it may start: a lease never runs out
+//!   while its message waits for its turn.
 //! - Every attempt carries `Idempotency-Key: delivery-<id>` (the same on every attempt and
 //!   after a redelivery) and `Portcullis-Delivery-Id`.
 //! - Classification as for synchronous calls: 2xx delivered; 4xx other than 408 and 429 dead
@@ -155,7 +157,19 @@ impl Worker {
                 },
                 _ = stop.changed() => return,
             };
-            let room = permits.available_permits() + 1;
+            // Paced: one message per start, leased only when it may start, so no lease runs
+            // out while its message waits its turn (another consumer would deliver it too),
+            // and a stop while waiting leaves it in the queue.
+            let room = match spacing {
+                Some(_) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(next_start) => {}
+                        _ = stop.changed() => return,
+                    }
+                    1
+                }
+                None => permits.available_permits() + 1,
+            };
             let batch = match this
                 .parts
                 .deliveries
@@ -196,7 +210,6 @@ impl Worker {
                     },
                 };
                 if let Some(spacing) = spacing {
-                    tokio::time::sleep_until(next_start).await;
                     next_start = Instant::now() + spacing;
                 }
                 let this = this.clone();
