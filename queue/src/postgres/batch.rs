@@ -101,7 +101,7 @@ async fn collect(pool: PgPool, mut rx: mpsc::Receiver<Pending>, slots: Arc<Semap
         tokio::spawn(async move {
             let (rows, answers): (Vec<Row>, Vec<_>) =
                 batch.into_iter().map(|p| (p.row, p.done)).unzip();
-            let result = insert(&pool, rows).await.map_err(Arc::new);
+            let result = insert(&pool, &rows).await.map_err(Arc::new);
             drop(slot);
             for done in answers {
                 // A caller that gave up is gone; the others get the shared outcome.
@@ -111,31 +111,16 @@ async fn collect(pool: PgPool, mut rx: mpsc::Receiver<Pending>, slots: Arc<Semap
     }
 }
 
-/// One statement for all of `rows`, in their order.
-async fn insert(pool: &PgPool, rows: Vec<Row>) -> Result<(), sqlx::Error> {
-    let n = rows.len();
-    let (mut ids, mut queues, mut tenants, mut methods) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut paths, mut headers, mut bodies, mut delays) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for row in rows {
-        ids.push(row.id);
-        queues.push(row.queue);
-        tenants.push(row.tenant);
-        methods.push(row.method);
-        paths.push(row.path);
-        headers.push(row.headers);
-        bodies.push(row.body.to_vec());
-        delays.push(row.delay_ms);
-    }
+/// One statement for all of `rows`, in their order: each column bound as one array.
+async fn insert(pool: &PgPool, rows: &[Row]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    let queues: Vec<&str> = rows.iter().map(|r| r.queue.as_str()).collect();
+    let tenants: Vec<Option<&str>> = rows.iter().map(|r| r.tenant.as_deref()).collect();
+    let methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
+    let paths: Vec<&str> = rows.iter().map(|r| r.path.as_str()).collect();
+    let headers: Vec<&[u8]> = rows.iter().map(|r| r.headers.as_slice()).collect();
+    let bodies: Vec<&[u8]> = rows.iter().map(|r| r.body.as_ref()).collect();
+    let delays: Vec<i64> = rows.iter().map(|r| r.delay_ms).collect();
     sqlx::query(concat!(
         "INSERT INTO queue_messages (id, queue, tenant, state, method, path, headers, body, \
          enqueued_at, due_at, updated_at) \
