@@ -27,6 +27,17 @@ impl Default for ConnectOptions {
     }
 }
 
+/// One engine call within `timeout` (every engine's [`ConnectOptions::timeout`]).
+pub(crate) async fn bounded<T, E: Into<QueueError>>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, QueueError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(QueueError::Timeout(timeout)),
+    }
+}
+
 /// Connects to the engine `url` names and creates its schema if missing:
 /// `sqlite://PATH` (relative or absolute; `sqlite:///abs/path` too), `postgres://…` or
 /// `postgresql://…`, `redis://…` / `rediss://…` (one server), `redis-cluster://h:p,h:p` /

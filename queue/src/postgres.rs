@@ -152,9 +152,7 @@ impl PostgresQueue {
         &self,
         fut: impl std::future::Future<Output = Result<T, QueueError>>,
     ) -> Result<T, QueueError> {
-        tokio::time::timeout(self.timeout, fut)
-            .await
-            .map_err(|_| QueueError::Timeout(self.timeout))?
+        crate::connect::bounded(self.timeout, fut).await
     }
 
     async fn enqueue_inner(&self, m: NewMessage) -> Result<Enqueued, QueueError> {

@@ -160,10 +160,7 @@ impl RedisQueue {
         &self,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, QueueError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(QueueError::Timeout(self.timeout)),
-        }
+        crate::connect::bounded(self.timeout, fut).await
     }
 
     fn keys(&self, tag: &str) -> Keys {
