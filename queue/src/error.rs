@@ -91,23 +91,7 @@ impl QueueError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Timeout(_) => true,
-            Self::Redis(e) => {
-                e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    || matches!(
-                        e.kind(),
-                        redis::ErrorKind::TryAgain
-                            | redis::ErrorKind::BusyLoadingError
-                            | redis::ErrorKind::ClusterDown
-                            | redis::ErrorKind::MasterDown
-                            | redis::ErrorKind::ReadOnly
-                            | redis::ErrorKind::Moved
-                            | redis::ErrorKind::Ask
-                            | redis::ErrorKind::ClusterConnectionNotFound
-                    )
-            }
+            Self::Redis(e) => portcullis_redis::is_transient(e),
             Self::Sql(e) => match &**e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut

@@ -425,6 +425,30 @@ pub fn slot(key: &[u8]) -> u16 {
     redis::cluster_routing::get_slot(key)
 }
 
+/// True when the same command may succeed later: the connection failed or timed out, the
+/// server is loading, read-only or down, or (cluster) a resharding or failover outlasted the
+/// client's retries, or a slot has no reachable node. Every store that answers 503 and
+/// flips readiness on a Redis failure classifies it here.
+pub fn is_transient(err: &redis::RedisError) -> bool {
+    use redis::ErrorKind as K;
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || matches!(
+            err.kind(),
+            K::TryAgain
+                | K::BusyLoadingError
+                | K::ClusterDown
+                | K::MasterDown
+                | K::ReadOnly
+                | K::IoError
+                | K::Moved
+                | K::Ask
+                | K::ClusterConnectionNotFound
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,25 +88,7 @@ impl StoreError {
             | Self::ShareFull { .. }
             | Self::Timeout(_)
             | Self::PoolExhausted { .. } => true,
-            Self::Redis(e) => {
-                e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    || matches!(
-                        e.kind(),
-                        redis::ErrorKind::TryAgain
-                            | redis::ErrorKind::BusyLoadingError
-                            | redis::ErrorKind::ClusterDown
-                            | redis::ErrorKind::MasterDown
-                            | redis::ErrorKind::ReadOnly
-                            // Cluster: resharding/failover outlasting the client's
-                            // retries, or a slot with no reachable node.
-                            | redis::ErrorKind::Moved
-                            | redis::ErrorKind::Ask
-                            | redis::ErrorKind::ClusterConnectionNotFound
-                    )
-            }
+            Self::Redis(e) => portcullis_redis::is_transient(e),
             Self::Postgres(e) => match e {
                 sqlx::Error::Io(_)
                 | sqlx::Error::PoolTimedOut

@@ -235,26 +235,7 @@ impl LimiterError {
     /// Classifies a Redis error as [`LimiterError::Unavailable`] (transient) or
     /// [`LimiterError::Store`].
     pub fn from_redis(err: ::redis::RedisError) -> Self {
-        use ::redis::ErrorKind as K;
-        let transient = err.is_io_error()
-            || err.is_connection_refusal()
-            || err.is_connection_dropped()
-            || err.is_timeout()
-            || matches!(
-                err.kind(),
-                K::BusyLoadingError
-                    | K::TryAgain
-                    | K::ClusterDown
-                    | K::MasterDown
-                    | K::ReadOnly
-                    | K::IoError
-                    // Cluster: redirections still unresolved after the client's retries
-                    // (resharding, failover) and a slot with no reachable node.
-                    | K::Moved
-                    | K::Ask
-                    | K::ClusterConnectionNotFound
-            );
-        if transient {
+        if portcullis_redis::is_transient(&err) {
             Self::Unavailable(err)
         } else {
             Self::Store(err)
