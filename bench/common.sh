@@ -12,21 +12,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A port on 127.0.0.1 that is free now.
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-# Waits up to 10 s for `$1` to answer 2xx.
-wait_http() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        curl -fs -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.1
-    done
-    echo "not ready: $1" >&2
-    return 1
-}
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Starts a gateway called $1 on free loopback ports: its config is a server and SQLite
 # preamble followed by stdin. Sets GW_PORT (the proxy port) and GW_PID; stop_gateway ends it.

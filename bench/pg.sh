@@ -69,12 +69,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_http() {
-    local i
-    for ((i = 0; i < 200; i++)); do curl -fs -o /dev/null --max-time 1 "$1" && return 0; sleep 0.1; done
-    echo "not ready: $1" >&2; return 1
-}
+# shellcheck source=bench/lib.sh
+source "$BENCH/lib.sh"
 
 # PostgreSQL exactly as bench/run.sh starts it.
 PG_PORT=$(free_port)
@@ -106,7 +102,7 @@ log "store: $STORE first executions/s"
 UP=$(free_port)
 taskset -c "$SUT_CPU" "$BIN/bench-upstream" --port "$UP" --threads 1 >"$RAW/upstream.log" 2>&1 &
 PIDS+=($!)
-wait_http "http://127.0.0.1:$UP/__bench/stats"
+wait_http "http://127.0.0.1:$UP/__bench/stats" 200
 declare -A PORT
 GATEWAYS=(mem pg)
 [[ -n ${BEFORE_BIN:-} ]] && GATEWAYS+=(pg-before)
@@ -126,7 +122,7 @@ for g in "${GATEWAYS[@]}"; do
     [[ $g == pg-before ]] && gw_bin=$BEFORE_BIN
     taskset -c "$SUT_CPU" "$gw_bin" --config "$TMP/gw-$g.toml" >"$RAW/gw-$g.log" 2>&1 &
     PIDS+=($!)
-    wait_http "http://127.0.0.1:${PORT[$g]}/readyz"
+    wait_http "http://127.0.0.1:${PORT[$g]}/readyz" 200
 done
 printf 'round\tgateway\trps\tp50\tp99\tnon2xx\n' >"$RAW/gateway.tsv"
 RUN_ID=$(date +%s)

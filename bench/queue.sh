@@ -114,17 +114,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-# Waits up to 10 s for $1 to answer 2xx.
-wait_http() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        curl -fs -o /dev/null --max-time 1 "$1" && return 0
-        sleep 0.1
-    done
-    echo "not ready: $1" >&2
-    return 1
-}
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 # A counter of bench-upstream's /__bench/stats.
 upstream_stat() {
     { curl -fs --max-time 5 "http://127.0.0.1:$UP/__bench/stats" || true; } \
