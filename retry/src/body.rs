@@ -45,6 +45,8 @@ pub(super) struct Teed {
     first: Option<Body>,
     limit: usize,
     seen: Option<tokio::sync::watch::Receiver<Recording>>,
+    /// The rest of the client's stream, if the first attempt dropped its copy unread.
+    rest: Option<tokio::sync::oneshot::Receiver<TeeBody>>,
 }
 
 /// Frames already read from a body, followed by the rest of it: what a layer that had to
@@ -97,6 +99,7 @@ impl Prepared {
             first: Some(body),
             limit,
             seen: None,
+            rest: None,
         })
     }
 
@@ -132,16 +135,28 @@ impl Prepared {
     }
 
     /// After the first attempt of a teed body failed: waits until the client's stream has
-    /// ended, or can no longer be replayed, or the attempt dropped its copy (its stream was
-    /// reset), or `until`. A streaming client waiting for an answer never ends its stream,
-    /// but the server's reset of the stream drops the copy, so this rarely waits long.
+    /// ended or can no longer be replayed, or `until`. If the attempt dropped its copy before
+    /// that (the upstream answered first), the rest of the client's stream is read here.
     pub(super) async fn settle(&mut self, until: tokio::time::Instant) {
         if let Self::Teed(Teed {
-            seen: Some(seen), ..
+            seen: Some(seen),
+            rest,
+            ..
         }) = self
         {
-            // Err: the copy was dropped; its last state stays readable.
-            let _ = tokio::time::timeout_at(until, seen.wait_for(Recording::settled)).await;
+            let settled = async {
+                match rest.as_mut() {
+                    Some(rest) => tokio::select! {
+                        _ = async { seen.wait_for(Recording::settled).await.is_ok() } => {}
+                        handed = rest => if let Ok(tee) = handed { tee.finish().await },
+                    },
+                    None => {
+                        let _ = seen.wait_for(Recording::settled).await;
+                    }
+                }
+            };
+            // The recording's last state stays readable whatever ended the wait.
+            let _ = tokio::time::timeout_at(until, settled).await;
         }
     }
 
@@ -155,8 +170,9 @@ impl Prepared {
             Self::Once(body) => body.take().unwrap_or_else(Body::empty),
             Self::Teed(teed) => match teed.first.take() {
                 Some(body) => {
-                    let (tee, seen) = TeeBody::new(body, teed.limit);
+                    let (tee, seen, rest) = TeeBody::new(body, teed.limit);
                     teed.seen = Some(seen);
+                    teed.rest = Some(rest);
                     Body::new(tee)
                 }
                 None => teed

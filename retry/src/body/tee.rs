@@ -8,6 +8,11 @@
 //! a client- or bidi-streaming call with more is never replayed) and no trailers. Whether a
 //! message came back is the attempt loop's business: a response that began with one is the
 //! client's answer, never retried.
+//!
+//! An upstream may answer before the client's stream has ended (a unary call's `END_STREAM`
+//! can arrive just after its message), and the attempt then drops its copy unread. The rest
+//! of the client's stream is then handed back ([`TeeBody::new`]'s leftover) so the layer can
+//! finish recording it before it decides on another attempt.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -15,7 +20,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 /// What the first attempt's body has passed on so far.
 #[derive(Debug, Default)]
@@ -32,6 +37,8 @@ pub(super) struct TeeBody {
     inner: Body,
     record: watch::Sender<Recording>,
     limit: usize,
+    /// Where the unread rest goes if this copy is dropped before the recording settled.
+    leftover: Option<oneshot::Sender<TeeBody>>,
 }
 
 // === impl Recording ===
@@ -80,17 +87,62 @@ fn more_than_one_message(data: &[u8]) -> bool {
 // === impl TeeBody ===
 
 impl TeeBody {
-    /// `inner`, recorded up to `limit` bytes; the receiver sees the recording.
-    pub(super) fn new(inner: Body, limit: usize) -> (Self, watch::Receiver<Recording>) {
+    /// `inner`, recorded up to `limit` bytes; the watch receiver sees the recording, and the
+    /// oneshot receiver gets the unread rest (recording into the same watch) should this copy
+    /// be dropped before the recording settled.
+    pub(super) fn new(
+        inner: Body,
+        limit: usize,
+    ) -> (Self, watch::Receiver<Recording>, oneshot::Receiver<TeeBody>) {
         let (record, seen) = watch::channel(Recording::default());
+        let (leftover, rest) = oneshot::channel();
         (
             Self {
                 inner,
                 record,
                 limit,
+                leftover: Some(leftover),
             },
             seen,
+            rest,
         )
+    }
+
+    /// Reads (and records) what is left of the client's stream until the recording settles.
+    pub(super) async fn finish(mut self) {
+        use http_body_util::BodyExt;
+        while !self.record.borrow().settled() {
+            match self.frame().await {
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break,
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for TeeBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeeBody")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TeeBody {
+    fn drop(&mut self) {
+        let Some(leftover) = self.leftover.take() else {
+            return;
+        };
+        if self.record.borrow().settled() || leftover.is_closed() {
+            return;
+        }
+        let rest = TeeBody {
+            inner: std::mem::replace(&mut self.inner, Body::empty()),
+            record: std::mem::replace(&mut self.record, watch::channel(Recording::default()).0),
+            limit: self.limit,
+            leftover: None,
+        };
+        let _ = leftover.send(rest);
     }
 }
 
@@ -150,7 +202,7 @@ mod tests {
     }
 
     async fn pass(chunks: Vec<Vec<u8>>, limit: usize) -> watch::Receiver<Recording> {
-        let (tee, seen) = TeeBody::new(stream(chunks), limit);
+        let (tee, seen, _rest) = TeeBody::new(stream(chunks), limit);
         Body::new(tee).collect().await.expect("body");
         seen
     }
@@ -180,7 +232,7 @@ mod tests {
     async fn an_unfinished_stream_is_not_settled() {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
         let body = Body::from_stream(tokio_stream_from(rx));
-        let (tee, seen) = TeeBody::new(body, 64);
+        let (tee, seen, _rest) = TeeBody::new(body, 64);
         let mut body = Body::new(tee);
         tx.send(Ok(Bytes::from(message(b"x")))).await.unwrap();
         body.frame().await.unwrap().unwrap();
@@ -188,6 +240,31 @@ mod tests {
         drop(tx);
         assert!(body.frame().await.is_none());
         assert!(seen.borrow().replay().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_copy_dropped_before_the_client_ended_hands_back_the_rest() {
+        // The upstream answered after the message but before the client's END_STREAM:
+        // the attempt drops its copy, and the rest is recorded from the hand-back.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let body = Body::from_stream(tokio_stream_from(rx));
+        let (tee, seen, rest) = TeeBody::new(body, 64);
+        let mut body = Body::new(tee);
+        tx.send(Ok(Bytes::from(message(b"x")))).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+        drop(body);
+        assert!(seen.borrow().replay().is_none(), "not ended yet");
+        let rest = rest.await.expect("the unread rest is handed back");
+        drop(tx);
+        rest.finish().await;
+        assert_eq!(seen.borrow().replay().as_deref(), Some(&message(b"x")[..]));
+    }
+
+    #[tokio::test]
+    async fn a_settled_copy_hands_nothing_back() {
+        let (tee, _seen, rest) = TeeBody::new(stream(vec![message(b"x")]), 64);
+        Body::new(tee).collect().await.expect("body");
+        assert!(rest.await.is_err());
     }
 
     fn tokio_stream_from<T: Send + 'static>(
